@@ -1,0 +1,91 @@
+"""The diagram category: DisCoPy's free Markov category, with array wires.
+
+We subclass ``discopy.markov`` only to (1) keep composites inside our own
+factory (so ``>>`` and ``@`` build napkin diagrams) and (2) replace DisCoPy's
+generic "does not compose" assertion by a message that names both sides.
+"""
+from __future__ import annotations
+
+from discopy import markov
+from discopy.cat import factory
+
+from napkin.arrays import ArrayOb, describe
+from napkin.errors import CompositionError
+
+
+def _name(d) -> str:
+    if isinstance(d, markov.Box) and not isinstance(d, (markov.Copy, markov.Swap)):
+        return d.name
+    boxes = [b for b in d.boxes if not isinstance(b, (markov.Copy, markov.Swap))]
+    return boxes[-1].name if boxes else "the wiring"
+
+
+def check_composable(left: markov.Diagram, right: markov.Diagram) -> None:
+    if left.cod == right.dom:
+        return
+    lc, rd = left.cod.inside, right.dom.inside
+    if len(lc) != len(rd):
+        raise CompositionError(
+            f"cannot compose: {_name(left)} outputs {len(lc)} array(s) ({describe(left.cod)}) "
+            f"but {_first_name(right)} expects {len(rd)} ({describe(right.dom)})")
+    for out, inp in zip(lc, rd):
+        if out != inp:
+            raise CompositionError(
+                f"cannot compose: {_name(left)} outputs {_long(out)} "
+                f"but {_first_name(right)} expects {_long(inp)}")
+
+
+def _first_name(d) -> str:
+    if isinstance(d, markov.Box) and not isinstance(d, (markov.Copy, markov.Swap)):
+        return d.name
+    boxes = [b for b in d.boxes if not isinstance(b, (markov.Copy, markov.Swap))]
+    return boxes[0].name if boxes else "the wiring"
+
+
+def _long(ob) -> str:
+    """S[q,x] — plus sizes and dtype when the names alone look the same."""
+    if not isinstance(ob, ArrayOb):
+        return str(ob)
+    t = ob.type
+    sizes = ",".join(f"{a.name}={a.size}" for a in t.axes)
+    return f"{ob}" + f" ({sizes}; {t.dtype})"
+
+
+@factory
+class Diagram(markov.Diagram):
+    """A napkin diagram: a DisCoPy Markov diagram whose wires are arrays."""
+
+    def then(self, *others):
+        left = self
+        for other in others:
+            if isinstance(other, markov.Diagram):
+                check_composable(left, other)
+                left = other
+        return super().then(*others)
+
+
+class Box(markov.Box, Diagram):
+    __ambiguous_inheritance__ = (markov.Box,)
+
+
+class Swap(markov.Swap, Box):
+    __ambiguous_inheritance__ = (markov.Swap,)
+
+
+class Copy(markov.Copy, Box):
+    __ambiguous_inheritance__ = (markov.Copy,)
+
+
+class Discard(markov.Discard, Copy):
+    __ambiguous_inheritance__ = (markov.Discard,)
+
+
+Diagram.braid_factory = Swap
+Diagram.copy_factory = Copy
+Diagram.discard_factory = Discard
+Id = Diagram.id
+
+
+def is_wiring(box) -> bool:
+    """Copy, discard and swap: structure, not computation."""
+    return isinstance(box, (markov.Copy, markov.Swap))

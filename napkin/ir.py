@@ -1,0 +1,144 @@
+"""A networkx view of a diagram, and the way back.
+
+``to_graph`` makes one linear pass over a diagram's boxes: copy, discard and
+swap dissolve into wiring, leaving a DiGraph with *value* nodes (one per
+array) and *op* nodes (one per box).  ``to_diagram`` emits a diagram from such
+a graph in topological order, inserting exactly the copies, discards and swaps
+needed.  The tracer (napkin.trace) and the rewriter both build graphs and use
+the same emitter, so there is one way diagrams get made.
+
+Graph conventions
+-----------------
+* node ``n`` with ``kind == "value"``: attrs ``ob`` (the wire's ArrayOb);
+* node with ``kind == "op"``: attrs ``box`` (an Op), ``ins`` / ``outs``
+  (lists of value nodes, in port order — a value may feed two ports);
+* edges value→op and op→value (for reachability and matching);
+* ``graph.graph["inputs"]`` / ``["outputs"]``: value nodes in dom / cod order.
+"""
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+
+import networkx as nx
+from discopy import markov
+
+from napkin.diagram import Diagram, Id, is_wiring
+
+
+class GraphBuilder:
+    """Incrementally build a graph (used by to_graph, the tracer and rewrites)."""
+
+    def __init__(self):
+        self.graph = nx.DiGraph(inputs=[], outputs=[])
+        self._ids = itertools.count()
+
+    def value(self, ob) -> int:
+        n = next(self._ids)
+        self.graph.add_node(n, kind="value", ob=ob)
+        return n
+
+    def input(self, ob) -> int:
+        n = self.value(ob)
+        self.graph.graph["inputs"].append(n)
+        return n
+
+    def op(self, box, ins: list[int]) -> list[int]:
+        n = next(self._ids)
+        outs = [self.value(ob) for ob in box.cod.inside]
+        self.graph.add_node(n, kind="op", box=box, ins=list(ins), outs=outs)
+        for v in ins:
+            self.graph.add_edge(v, n)
+        for v in outs:
+            self.graph.add_edge(n, v)
+        return outs
+
+    def finish(self, outputs: list[int]) -> nx.DiGraph:
+        self.graph.graph["outputs"] = list(outputs)
+        return self.graph
+
+
+def to_graph(diagram: markov.Diagram) -> nx.DiGraph:
+    b = GraphBuilder()
+    wires = [b.input(ob) for ob in diagram.dom.inside]
+    for box, offset in zip(diagram.boxes, diagram.offsets):
+        n_in = len(box.dom)
+        args = wires[offset:offset + n_in]
+        if isinstance(box, markov.Swap):
+            outs = args[len(box.left):] + args[:len(box.left)]
+        elif isinstance(box, markov.Copy):  # Discard is Copy with n = 0
+            outs = args * len(box.cod)
+        elif isinstance(box, markov.Merge):
+            raise ValueError("merge boxes have no meaning on arrays")
+        else:
+            outs = b.op(box, args)
+        wires[offset:offset + n_in] = outs
+    return b.finish(wires)
+
+
+def ops(graph: nx.DiGraph) -> list[int]:
+    """Op nodes in a deterministic topological order."""
+    order = nx.lexicographical_topological_sort(graph, key=lambda n: n)
+    return [n for n in order if graph.nodes[n]["kind"] == "op"]
+
+
+def wiring(live: list[int], target: list[int], ob_of) -> Diagram:
+    """Copy/discard/swap diagram taking wires ``live`` (distinct values) to
+    ``target`` (values of ``live``, in any order and multiplicity)."""
+    need = Counter(target)
+    missing = [v for v in need if v not in live]
+    if missing:
+        raise ValueError(f"wiring: values {missing} are not live")
+    layer, seq = Id(), []
+    for v in live:
+        k = need[v]
+        ty = markov.Ty(ob_of(v))
+        layer = layer @ (Id(ty) if k == 1 else Diagram.copy(ty, k))
+        seq += [v] * k
+    if seq == list(target):
+        return layer
+    used, perm = set(), []
+    for v in target:
+        i = next(i for i, s in enumerate(seq) if s == v and i not in used)
+        used.add(i)
+        perm.append(i)
+    return layer >> Diagram.permutation(perm, layer.cod)
+
+
+def to_diagram(graph: nx.DiGraph) -> Diagram:
+    obs = lambda v: graph.nodes[v]["ob"]  # noqa: E731
+    order = ops(graph)
+    outputs = graph.graph["outputs"]
+    # remaining[v]: uses of v by ops not yet emitted, plus by the outputs.
+    remaining = Counter(outputs)
+    for n in order:
+        remaining.update(graph.nodes[n]["ins"])
+    live = list(dict.fromkeys(graph.graph["inputs"]))
+    dom = markov.Ty(*(obs(v) for v in graph.graph["inputs"]))
+    # Repeated inputs are not a thing in diagrams: dom lists each input once.
+    if len(live) != len(graph.graph["inputs"]):
+        raise ValueError("a graph input appears twice")
+    layers = []
+    for n in order:
+        node = graph.nodes[n]
+        remaining.subtract(node["ins"])
+        keep = [v for v in live if remaining[v] > 0]
+        layers.append(wiring(live, keep + node["ins"], obs))
+        layers.append(Id(markov.Ty(*(obs(v) for v in keep))) @ node["box"])
+        live = keep + node["outs"]
+    layers.append(wiring(live, list(outputs), obs))
+    return Diagram.id(dom).then(*layers)
+
+
+def relabel(graph: nx.DiGraph) -> nx.DiGraph:
+    """Copy of ``graph`` with op/value ids renumbered in topological order."""
+    order = list(nx.lexicographical_topological_sort(graph, key=lambda n: n))
+    mapping = {n: i for i, n in enumerate(order)}
+    new = nx.relabel_nodes(graph, mapping, copy=True)
+    for n, data in new.nodes(data=True):
+        if data["kind"] == "op":
+            data["ins"] = [mapping[v] for v in data["ins"]]
+            data["outs"] = [mapping[v] for v in data["outs"]]
+    new.graph["inputs"] = [mapping[v] for v in graph.graph["inputs"]]
+    new.graph["outputs"] = [mapping[v] for v in graph.graph["outputs"]]
+    return new

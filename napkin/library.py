@@ -1,0 +1,245 @@
+"""The library of algorithms, each a diagram with an independent reference.
+
+Diagrams are stated with the tracer (napkin.ops); references are written in
+plain ``jax.numpy`` with positional axes and share no code with napkin, so a
+test comparing the two checks the diagram, not napkin against itself.
+Sizes are symbolic: one diagram serves every size.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import sympy
+
+from napkin import ops
+from napkin.arrays import axes, Axis
+from napkin.errors import NapkinError
+from napkin.trace import Array, trace
+from napkin.weave import weave
+
+SOFTCAP = 30.0
+WINDOW = 4
+RMS_EPS = 1e-6
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    name: str
+    summary: str
+    build: Callable[[str], object]          # dtype -> Diagram
+    reference: Callable                      # plain jnp on positional arrays
+    inputs: dict = field(default_factory=dict)  # input name -> "normal" | "onehot:AXIS"
+
+    def diagram(self, dtype: str = "f32"):
+        return self.build(dtype)
+
+    def sample(self, rng: np.random.Generator, sizes: dict, dtype=np.float64, scale=1.0):
+        """Random inputs for given axis sizes ({"q": 7, ...})."""
+        d = self.diagram()
+        out = []
+        for ob in d.dom.inside:
+            shape = []
+            for a in ob.type.axes:
+                if isinstance(a.size, int):
+                    shape.append(a.size)
+                elif str(a.size) in sizes:
+                    shape.append(int(sizes[str(a.size)]))
+                else:
+                    raise NapkinError(f"{self.name}: no size given for axis {a.name} "
+                                      f"(give --size {a.name}=N)")
+            kind = self.inputs.get(ob.name, "normal")
+            if kind.startswith("onehot:"):
+                ax = ob.type.names.index(kind.split(":")[1])
+                idx = rng.integers(0, shape[ax], size=[s for i, s in enumerate(shape) if i != ax])
+                out.append(np.moveaxis(np.eye(shape[ax], dtype=dtype)[idx], -1, ax))
+            elif kind == "positive":
+                out.append(np.abs(rng.standard_normal(shape)).astype(dtype) * scale + 0.1)
+            else:
+                out.append((rng.standard_normal(shape) * scale).astype(dtype))
+        return out
+
+
+LIBRARY: dict[str, Algorithm] = {}
+
+
+def register(name, summary, reference, inputs=None):
+    def wrap(build):
+        LIBRARY[name] = Algorithm(name, summary, build, reference, inputs or {})
+        return build
+    return wrap
+
+
+def get(name: str) -> Algorithm:
+    if name not in LIBRARY:
+        import difflib
+        close = difflib.get_close_matches(name, LIBRARY, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise NapkinError(f"unknown algorithm {name!r}{hint}; known: {', '.join(LIBRARY)}")
+    return LIBRARY[name]
+
+
+# ----------------------------------------------------------------------------- helpers
+def _softmax_ref(s, axis=-1):
+    m = jnp.max(s, axis=axis, keepdims=True)
+    e = jnp.exp(s - m)
+    return e / jnp.sum(e, axis=axis, keepdims=True)
+
+
+def _attention_core(Q, K, V, q, x, d, logits=lambda S: S):
+    S = ops.contract(Q, K, out=(q, x), name="QK^T", as_="S")
+    S = ops.scale(S, 1 / sympy.sqrt(d.size), as_="S")
+    S = logits(S)
+    P = ops.softmax(S, x, as_="P")
+    return ops.contract(P, V, out=(q, d), name="PV", as_="O")
+
+
+def _attn_ref(Q, K, V, mask=None, cap=None):
+    s = jnp.einsum("...qd,...kd->...qk", Q, K) / np.sqrt(Q.shape[-1])
+    if cap is not None:
+        s = cap * jnp.tanh(s / cap)
+    if mask is not None:
+        s = jnp.where(mask(s.shape[-2], s.shape[-1]), s, -1e30)
+    return jnp.einsum("...qk,...kd->...qd", _softmax_ref(s), V)
+
+
+q, x, d = axes("q x d")
+a, b, c = axes("a b c")
+h, k, r = axes("h k r")
+n, v, e = axes("n v e")
+B = Axis("batch", "batch")
+
+
+# ----------------------------------------------------------------------------- algorithms
+@register("matmul", "C[a,c] = A[a,b] · B[b,c]", lambda A, B_: A @ B_)
+def matmul(dtype="f32"):
+    return trace(lambda A, B_: ops.contract(A, B_, out=(a, c), name="matmul", as_="C"),
+                 {"A": Array(a, b, dtype=dtype), "B": Array(b, c, dtype=dtype)}, "matmul")
+
+
+@register("batched_matmul", "C[batch,a,c] = A[batch,a,b] · B[batch,b,c] (matmul woven over batch)",
+          lambda A, B_: jnp.einsum("zab,zbc->zac", A, B_))
+def batched_matmul(dtype="f32"):
+    return weave(matmul(dtype), B)
+
+
+@register("softmax", "P[n,v] = softmax over v of X[n,v]", lambda X: _softmax_ref(X, -1))
+def softmax(dtype="f32"):
+    return trace(lambda X: ops.softmax(X, v, as_="P"), {"X": Array(n, v, dtype=dtype)}, "softmax")
+
+
+@register("attention", "O[q,d] = softmax_x(Q·Kᵀ/√d) · V, one head", _attn_ref)
+def attention(dtype="f32"):
+    return trace(lambda Q, K, V: _attention_core(Q, K, V, q, x, d),
+                 {"Q": Array(q, d, dtype=dtype), "K": Array(x, d, dtype=dtype),
+                  "V": Array(x, d, dtype=dtype)}, "attention")
+
+
+@register("mha", "multi-head attention: attention woven over heads h", _attn_ref)
+def mha(dtype="f32"):
+    return weave(attention(dtype), h)
+
+
+def _gqa_ref(Q, K, V):
+    # Q[k,r,q,d]; K,V[k,x,d]: every query head of group k reads KV head k.
+    return _attn_ref(Q, K[:, None], V[:, None])
+
+
+@register("gqa", "grouped-query attention: r query heads per KV head (Q[k,r,q,d], K,V[k,x,d])",
+          _gqa_ref)
+def gqa(dtype="f32"):
+    # attention woven over the r query heads of a group for Q only (K and V
+    # are broadcast along r), then over the KV heads k for every input.
+    return weave(weave(attention(dtype), r, inputs=["Q"]), k)
+
+
+@register("mqa", "multi-query attention: all h query heads share one K,V (Q[h,q,d], K,V[x,d])",
+          lambda Q, K, V: _attn_ref(Q, K[None], V[None]))
+def mqa(dtype="f32"):
+    return weave(attention(dtype), h, inputs=["Q"])
+
+
+@register("causal_attention", "attention with a causal mask (key index <= query index)",
+          lambda Q, K, V: _attn_ref(Q, K, V, mask=lambda m, n_: np.tril(np.ones((m, n_), bool))))
+def causal_attention(dtype="f32"):
+    return trace(lambda Q, K, V: _attention_core(
+        Q, K, V, q, x, d, logits=lambda S: ops.causal_mask(S, q, x, as_="S")),
+        {"Q": Array(q, d, dtype=dtype), "K": Array(x, d, dtype=dtype),
+         "V": Array(x, d, dtype=dtype)}, "causal_attention")
+
+
+def _window(m, n_, w=WINDOW):
+    i, j = np.arange(m)[:, None], np.arange(n_)[None, :]
+    return (j <= i) & (j > i - w)
+
+
+@register("sliding_window_attention",
+          f"causal attention over the last {WINDOW} keys (q - {WINDOW} < x <= q)",
+          lambda Q, K, V: _attn_ref(Q, K, V, mask=_window))
+def sliding_window_attention(dtype="f32"):
+    return trace(lambda Q, K, V: _attention_core(
+        Q, K, V, q, x, d, logits=lambda S: ops.window_mask(S, q, x, WINDOW, as_="S")),
+        {"Q": Array(q, d, dtype=dtype), "K": Array(x, d, dtype=dtype),
+         "V": Array(x, d, dtype=dtype)}, "sliding_window_attention")
+
+
+@register("softcap_attention", f"attention with logits soft-capped: {SOFTCAP}·tanh(s/{SOFTCAP})",
+          lambda Q, K, V: _attn_ref(Q, K, V, cap=SOFTCAP))
+def softcap_attention(dtype="f32"):
+    return trace(lambda Q, K, V: _attention_core(
+        Q, K, V, q, x, d, logits=lambda S: ops.softcap(S, SOFTCAP, as_="S")),
+        {"Q": Array(q, d, dtype=dtype), "K": Array(x, d, dtype=dtype),
+         "V": Array(x, d, dtype=dtype)}, "softcap_attention")
+
+
+def _lse_ref(L):
+    m = jnp.max(L, axis=-1)
+    return m + jnp.log(jnp.sum(jnp.exp(L - m[:, None]), axis=-1))
+
+
+@register("logsumexp", "l[n] = log Σ_v exp L[n,v]", _lse_ref)
+def logsumexp(dtype="f32"):
+    return trace(lambda L: ops.logsumexp(L, v, as_="l"), {"L": Array(n, v, dtype=dtype)},
+                 "logsumexp")
+
+
+@register("cross_entropy", "loss[n] = logsumexp_v L[n,v] − L[n, label]  (Y one-hot over v)",
+          lambda L, Y: _lse_ref(L) - jnp.sum(L * Y, axis=-1), inputs={"Y": "onehot:v"})
+def cross_entropy(dtype="f32"):
+    def f(L, Y):
+        picked = ops.contract(L, Y, out=(n,), name="pick label", as_="t")
+        return ops.sub(ops.logsumexp(L, v, as_="l"), picked, as_="loss")
+    return trace(f, {"L": Array(n, v, dtype=dtype), "Y": Array(n, v, dtype=dtype)},
+                 "cross_entropy")
+
+
+@register("linear_cross_entropy",
+          "loss[n] = cross-entropy of logits X[n,d]·W[d,v] (the logits never materialise once streamed)",
+          lambda X, W, Y: (lambda L: _lse_ref(L) - jnp.sum(L * Y, axis=-1))(X @ W),
+          inputs={"Y": "onehot:v"})
+def linear_cross_entropy(dtype="f32"):
+    def f(X, W, Y):
+        L = ops.contract(X, W, out=(n, v), name="XW", as_="L")
+        picked = ops.contract(L, Y, out=(n,), name="pick label", as_="t")
+        return ops.sub(ops.logsumexp(L, v, as_="l"), picked, as_="loss")
+    return trace(f, {"X": Array(n, d, dtype=dtype), "W": Array(d, v, dtype=dtype),
+                     "Y": Array(n, v, dtype=dtype)}, "linear_cross_entropy")
+
+
+def _rms_ref(X, G, W):
+    ms = jnp.mean(X * X, axis=-1, keepdims=True)
+    return (X / jnp.sqrt(ms + RMS_EPS) * G) @ W
+
+
+@register("rmsnorm_matmul", "Y[n,e] = (X / rms_d(X) · g[d]) · W[d,e]", _rms_ref)
+def rmsnorm_matmul(dtype="f32"):
+    def f(X, G, W):
+        ms = ops.mean(ops.square(X), d, as_="ms")
+        inv = ops.rsqrt(ops.add_const(ms, RMS_EPS), as_="inv")
+        Xn = ops.mul(ops.mul(X, inv), G, as_="Xn")
+        return ops.contract(Xn, W, out=(n, e), name="matmul", as_="Y")
+    return trace(f, {"X": Array(n, d, dtype=dtype), "G": Array(d, dtype=dtype),
+                     "W": Array(d, e, dtype=dtype)}, "rmsnorm_matmul")

@@ -1,0 +1,397 @@
+"""Primitive operations: what a box means, declared once.
+
+Each primitive is an immutable *spec* (it lives in the DisCoPy box's ``data``)
+with four faces, used by every functor in the system:
+
+* ``infer(ins)``  – output array types from input array types (type checking);
+* ``evaluate(ctx, ins, *arrays)`` – the JAX meaning (named axes, any extra
+  woven axes: everything is written against axis *names*, so weaving is free);
+* ``flops(ins, outs)`` – a sympy count;
+* ``label()`` – the box's name in drawings and messages.
+
+Axis roles are not declared per primitive: they follow from the types.  An axis
+in the output is *woven*; an input axis missing from every output is *reduced*;
+an input lacking a woven axis is *broadcast* along it.  See :func:`roles`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+import sympy
+
+from napkin.arrays import ArrayType, Axis, canonical_dtype
+from napkin.errors import NapkinError
+
+JNP_DTYPES = {
+    "f64": jnp.float64, "f32": jnp.float32, "bf16": jnp.bfloat16, "f16": jnp.float16,
+    "fp8": jnp.float8_e4m3fn, "int32": jnp.int32, "int8": jnp.int8, "bool": jnp.bool_,
+}
+_WIDTH = {"bool": 0, "int8": 1, "int32": 2, "fp8": 3, "bf16": 4, "f16": 4, "f32": 5, "f64": 6}
+
+# The large negative used by masks (a finite number, so a fully masked row
+# stays finite; clipped to the dtype's range at evaluation).
+MASK_FILL = -1e30
+
+
+@dataclass
+class EvalContext:
+    """What evaluation knows besides the arrays: the size of every symbolic
+    axis, and the global start index of every axis that a group or stream
+    partition has sliced (index-dependent masks need it)."""
+    env: dict = field(default_factory=dict)
+    offsets: dict = field(default_factory=dict)
+
+    def number(self, expr) -> float:
+        if isinstance(expr, (int, float)):
+            return expr
+        value = sympy.sympify(expr).subs(self.env)
+        if value.free_symbols:
+            raise NapkinError(f"cannot evaluate {expr}: unbound sizes {sorted(map(str, value.free_symbols))}")
+        return float(value)
+
+    def shifted(self, axis: str, start) -> EvalContext:
+        offsets = dict(self.offsets)
+        offsets[axis] = offsets.get(axis, 0) + start
+        return EvalContext(self.env, offsets)
+
+
+def align(x, src: tuple[str, ...], dst: tuple[str, ...]):
+    """Transpose ``x`` (axes ``src``) into the order of ``dst``, inserting
+    size-1 axes for the names ``src`` lacks (broadcasting)."""
+    present = [n for n in dst if n in src]
+    x = jnp.transpose(x, [src.index(n) for n in present]) if present != list(src) else x
+    shape, it = [], iter(x.shape)
+    for n in dst:
+        shape.append(next(it) if n in src else 1)
+    return x.reshape(shape)
+
+
+def merge_axes(types: tuple[ArrayType, ...], what: str) -> dict[str, Axis]:
+    """All axes of several arrays by name, checking that sizes agree."""
+    seen: dict[str, Axis] = {}
+    for i, t in enumerate(types):
+        for a in t.axes:
+            if a.name in seen and seen[a.name].size != a.size:
+                raise NapkinError(
+                    f"{what}: axis {a.name} has size {seen[a.name].size} in input 0.. "
+                    f"but {a.size} in input {i}")
+            seen.setdefault(a.name, a)
+    return seen
+
+
+def promote(dtypes) -> str:
+    dtypes = list(dtypes)
+    best = max(dtypes, key=lambda d: _WIDTH[d])
+    if {"bf16", "f16"} <= set(dtypes):
+        return "f32"
+    return best
+
+
+class Spec:
+    """Base of all primitive specs (frozen dataclasses)."""
+    kind: ClassVar[str]
+    n_in: ClassVar[int | None] = 1
+
+    def infer(self, ins: tuple[ArrayType, ...]) -> tuple[ArrayType, ...]:
+        raise NotImplementedError
+
+    def evaluate(self, ctx: EvalContext, ins, outs, *xs) -> tuple:
+        raise NotImplementedError
+
+    def flops(self, ins, outs) -> sympy.Expr:
+        return sum((o.numel for o in outs), sympy.Integer(0))
+
+    def label(self) -> str:
+        return self.kind
+
+    def woven(self, axis: str) -> Spec:
+        """The spec mapped over one more axis.  Named axes make this the
+        identity for most primitives: only specs that list output axes
+        explicitly need to add the new one."""
+        return self
+
+    def check_arity(self, ins):
+        if self.n_in is not None and len(ins) != self.n_in:
+            raise NapkinError(f"{self.label()} takes {self.n_in} input(s), got {len(ins)}")
+
+
+# --------------------------------------------------------------------------- contraction
+@dataclass(frozen=True)
+class Contract(Spec):
+    """einsum over named axes: ``out`` lists the output axes in order."""
+    out: tuple[str, ...]
+    kind: ClassVar[str] = "contract"
+    n_in: ClassVar[None] = None
+
+    def infer(self, ins):
+        if not ins:
+            raise NapkinError("contract needs at least one input")
+        seen = merge_axes(ins, "contract")
+        missing = [n for n in self.out if n not in seen]
+        if missing:
+            raise NapkinError(f"contract: output axis {missing[0]} is in no input "
+                              f"(inputs have {', '.join(seen)})")
+        if len(set(self.out)) != len(self.out):
+            raise NapkinError(f"contract: output repeats an axis: {self.out}")
+        return (ArrayType(tuple(seen[n] for n in self.out), promote(t.dtype for t in ins)),)
+
+    def evaluate(self, ctx, ins, outs, *xs):
+        letters = {}
+        for t in ins:
+            for n in t.names:
+                letters.setdefault(n, chr(ord("a") + len(letters)))
+        spec = ",".join("".join(letters[n] for n in t.names) for t in ins)
+        spec += "->" + "".join(letters[n] for n in self.out)
+        return (jnp.einsum(spec, *xs, precision=jax.lax.Precision.HIGHEST),)
+
+    def woven(self, axis):
+        return self if axis in self.out else Contract((axis, *self.out))
+
+    def flops(self, ins, outs):
+        # n-ary product of every index combination: (n-1) multiplies + 1 add.
+        allaxes = merge_axes(ins, "contract")
+        return len(ins) * sympy.Mul(*[a.size for a in allaxes.values()])
+
+    def label(self):
+        return f"contract->{''.join(self.out) if all(len(n) == 1 for n in self.out) else ','.join(self.out)}"
+
+
+# --------------------------------------------------------------------------- elementwise
+def _softcap(x, c):
+    return c * jnp.tanh(x / c)
+
+
+UNARY = {
+    "exp": jnp.exp, "log": jnp.log, "tanh": jnp.tanh, "neg": jnp.negative,
+    "sigmoid": jax.nn.sigmoid, "square": jnp.square, "sqrt": jnp.sqrt,
+    "rsqrt": jax.lax.rsqrt, "recip": jnp.reciprocal, "relu": jax.nn.relu,
+    "silu": jax.nn.silu, "abs": jnp.abs, "id": lambda x: x,
+}
+PARAM_UNARY = {
+    "scale": lambda x, c: x * c, "softcap": _softcap, "add_const": lambda x, c: x + c,
+    "pow": lambda x, c: x ** c,
+}
+# Transcendental maps run on the special-function unit (cost and lowering care).
+TRANSCENDENTAL = {"exp", "log", "tanh", "sigmoid", "sqrt", "rsqrt", "silu", "softcap"}
+
+
+@dataclass(frozen=True)
+class Map(Spec):
+    """Unary elementwise function; ``param`` (a number or a sympy expression
+    in axis sizes, e.g. 1/sqrt(d)) for the parametrised ones."""
+    fn: str
+    param: Any = None
+    kind: ClassVar[str] = "map"
+
+    def __post_init__(self):
+        if self.fn in UNARY:
+            if self.param is not None:
+                raise NapkinError(f"{self.fn} takes no parameter")
+        elif self.fn in PARAM_UNARY:
+            if self.param is None:
+                raise NapkinError(f"{self.fn} needs a parameter")
+            object.__setattr__(self, "param", sympy.sympify(self.param))
+        else:
+            raise NapkinError(f"unknown elementwise function {self.fn!r}; known: "
+                              f"{', '.join(sorted(UNARY) + sorted(PARAM_UNARY))}")
+
+    def infer(self, ins):
+        self.check_arity(ins)
+        return (ins[0],)
+
+    def evaluate(self, ctx, ins, outs, x):
+        if self.fn in UNARY:
+            return (UNARY[self.fn](x),)
+        return (PARAM_UNARY[self.fn](x, jnp.asarray(ctx.number(self.param), x.dtype)),)
+
+    def label(self):
+        if self.param is None:
+            return self.fn
+        return f"{self.fn}({self.param})"
+
+
+BINARY = {
+    "add": jnp.add, "sub": jnp.subtract, "mul": jnp.multiply, "div": jnp.divide,
+    "max": jnp.maximum, "min": jnp.minimum,
+}
+
+
+@dataclass(frozen=True)
+class Zip(Spec):
+    """Binary elementwise function; an input lacking an axis is broadcast."""
+    fn: str
+    kind: ClassVar[str] = "zip"
+    n_in: ClassVar[int] = 2
+
+    def __post_init__(self):
+        if self.fn not in BINARY:
+            raise NapkinError(f"unknown binary function {self.fn!r}; known: {', '.join(BINARY)}")
+
+    def infer(self, ins):
+        self.check_arity(ins)
+        seen = merge_axes(ins, self.fn)
+        return (ArrayType(tuple(seen.values()), promote(t.dtype for t in ins)),)
+
+    def evaluate(self, ctx, ins, outs, a, b):
+        names = outs[0].names
+        return (BINARY[self.fn](align(a, ins[0].names, names), align(b, ins[1].names, names)),)
+
+    def label(self):
+        return self.fn
+
+
+# --------------------------------------------------------------------------- reductions
+REDUCERS = {
+    "sum": jnp.sum, "max": jnp.max, "mean": jnp.mean,
+    "logsumexp": jax.scipy.special.logsumexp,
+}
+
+
+@dataclass(frozen=True)
+class Reduce(Spec):
+    fn: str
+    axis: str
+    kind: ClassVar[str] = "reduce"
+
+    def __post_init__(self):
+        if self.fn not in REDUCERS:
+            raise NapkinError(f"unknown reduction {self.fn!r}; known: {', '.join(REDUCERS)}")
+
+    def infer(self, ins):
+        self.check_arity(ins)
+        ins[0].axis(self.axis)
+        return (ins[0].without(self.axis),)
+
+    def evaluate(self, ctx, ins, outs, x):
+        return (REDUCERS[self.fn](x, axis=ins[0].names.index(self.axis)),)
+
+    def flops(self, ins, outs):
+        return ins[0].numel * (4 if self.fn == "logsumexp" else 1)
+
+    def label(self):
+        return f"{self.fn}_{self.axis}"
+
+
+@dataclass(frozen=True)
+class Softmax(Spec):
+    axis: str
+    kind: ClassVar[str] = "softmax"
+
+    def infer(self, ins):
+        self.check_arity(ins)
+        ins[0].axis(self.axis)
+        return (ins[0],)
+
+    def evaluate(self, ctx, ins, outs, x):
+        return (jax.nn.softmax(x, axis=ins[0].names.index(self.axis)),)
+
+    def flops(self, ins, outs):
+        return 5 * ins[0].numel  # max, subtract, exp, sum, divide
+
+    def label(self):
+        return f"softmax_{self.axis}"
+
+
+# --------------------------------------------------------------------------- masks
+@dataclass(frozen=True)
+class Mask(Spec):
+    """``where(keep, x, fill)`` with an index-dependent ``keep``:
+
+    * ``causal``:  key index k <= query index q + offset;
+    * ``window``:  q + offset - width < k <= q + offset;
+    * ``padding``: a second input (axes a subset of x's) is non-zero.
+    Indices are global: a group or stream partition shifts them (EvalContext).
+    """
+    kind_: str
+    q: str | None = None
+    k: str | None = None
+    width: int | None = None
+    offset: int = 0
+    fill: float = MASK_FILL
+    kind: ClassVar[str] = "mask"
+
+    def __post_init__(self):
+        if self.kind_ not in ("causal", "window", "padding"):
+            raise NapkinError(f"unknown mask {self.kind_!r}; known: causal, window, padding")
+        if self.kind_ == "window" and (not isinstance(self.width, int) or self.width <= 0):
+            raise NapkinError(f"a window mask needs a positive integer width, got {self.width!r}")
+
+    @property
+    def n_in(self):
+        return 2 if self.kind_ == "padding" else 1
+
+    def infer(self, ins):
+        self.check_arity(ins)
+        x = ins[0]
+        if self.kind_ == "padding":
+            extra = [n for n in ins[1].names if n not in x.names]
+            if extra:
+                raise NapkinError(f"padding mask has axis {extra[0]} that the masked array "
+                                  f"{x} lacks")
+            merge_axes(ins, "padding mask")
+        else:
+            for role, n in (("query", self.q), ("key", self.k)):
+                if n is None or not x.has(n):
+                    raise NapkinError(f"{self.kind_} mask: {role} axis {n!r} is not an axis of {x}")
+        return (x,)
+
+    def evaluate(self, ctx, ins, outs, x, *rest):
+        names = ins[0].names
+        fill = jnp.asarray(max(self.fill, float(jnp.finfo(x.dtype).min) / 2), x.dtype)
+        if self.kind_ == "padding":
+            keep = align(rest[0], ins[1].names, names) != 0
+        else:
+            qi = ctx.offsets.get(self.q, 0) + jnp.arange(x.shape[names.index(self.q)])
+            ki = ctx.offsets.get(self.k, 0) + jnp.arange(x.shape[names.index(self.k)])
+            qi = align(qi, (self.q,), names) + self.offset
+            ki = align(ki, (self.k,), names)
+            keep = ki <= qi
+            if self.kind_ == "window":
+                keep = keep & (ki > qi - self.width)
+        return (jnp.where(keep, x, fill),)
+
+    def label(self):
+        if self.kind_ == "causal":
+            return "causal"
+        if self.kind_ == "window":
+            return f"window({self.width})"
+        return "pad"
+
+
+@dataclass(frozen=True)
+class Cast(Spec):
+    dtype: str
+    kind: ClassVar[str] = "cast"
+
+    def __post_init__(self):
+        object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
+
+    def infer(self, ins):
+        self.check_arity(ins)
+        return (ins[0].with_dtype(self.dtype),)
+
+    def evaluate(self, ctx, ins, outs, x):
+        return (x.astype(JNP_DTYPES[self.dtype]),)
+
+    def flops(self, ins, outs):
+        return sympy.Integer(0)
+
+    def label(self):
+        return f"cast({self.dtype})"
+
+
+def roles(ins: tuple[ArrayType, ...], outs: tuple[ArrayType, ...]) -> dict:
+    """Axis roles of a box, read off its types.
+
+    Returns ``{"woven": [...], "reduced": [...], "broadcast": {input index: [...]}}``.
+    """
+    out_names = [n for o in outs for n in o.names]
+    woven = list(dict.fromkeys(out_names))
+    in_names = list(dict.fromkeys(n for t in ins for n in t.names))
+    reduced = [n for n in in_names if n not in out_names]
+    broadcast = {i: [n for n in woven if not t.has(n)] for i, t in enumerate(ins)}
+    return {"woven": woven, "reduced": reduced,
+            "broadcast": {i: b for i, b in broadcast.items() if b}}
