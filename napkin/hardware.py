@@ -21,8 +21,10 @@ import os
 import re
 import tomllib
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
+
+from napkin.errors import NapkinError
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -34,7 +36,7 @@ DTYPE_BYTES: dict[str, int] = {
 }
 
 
-class HardwareError(ValueError):
+class HardwareError(NapkinError):
     """An invalid or unknown hardware description; the message is one line."""
 
 
@@ -154,7 +156,8 @@ class Hardware:
         bw = self.memory_bandwidth if level is None else self.level(level).bandwidth_bytes_per_s
         if bw is None:
             raise HardwareError(
-                f"hardware {self.name!r}: level {level!r}: has no bandwidth_bytes_per_s (top level)")
+                f"hardware {self.name!r}: level {level!r}: "
+                "has no bandwidth_bytes_per_s (top level)")
         return self.peak_flops(dtype) / bw
 
     # -- derived profiles ------------------------------------------------------------------
@@ -192,7 +195,8 @@ class Hardware:
         ]
         for lv in self.levels:
             cap = "unbounded" if lv.capacity_bytes is None else _fmt_bytes(lv.capacity_bytes)
-            bw = "-" if lv.bandwidth_bytes_per_s is None else f"{lv.bandwidth_bytes_per_s / 1e12:.3g} TB/s"
+            bw = lv.bandwidth_bytes_per_s
+            bw = "-" if bw is None else f"{bw / 1e12:.3g} TB/s"
             lines.append(f"{lv.name:<10} {cap:>12} {lv.count:>6} {bw:>14} {lv.align_bytes:>6}")
         return "\n".join(lines)
 
@@ -218,7 +222,7 @@ class Hardware:
 # -- validation ------------------------------------------------------------------------------
 
 def _bad_num(v, integer: bool, allow_zero: bool = False) -> bool:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or (integer and not isinstance(v, int)):
+    if isinstance(v, bool) or not isinstance(v, int if integer else (int, float)):
         return True
     return not (v >= 0 if allow_zero else v > 0)  # also rejects NaN
 
@@ -327,7 +331,10 @@ def _fmt_bytes(n: int) -> str:
 
 
 def _toml_str(s: str) -> str:
-    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    # TOML basic strings forbid raw control characters and DEL: escape them as \uXXXX.
+    esc = (f"\\u{ord(c):04x}" if ord(c) < 0x20 or ord(c) == 0x7F
+           else "\\" + c if c in '"\\' else c for c in s)
+    return '"' + "".join(esc) + '"'
 
 
 def _toml_value(v) -> str:

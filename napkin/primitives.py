@@ -18,11 +18,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-import jax
 import jax.numpy as jnp
 import sympy
 
 from napkin.arrays import ArrayType, Axis, canonical_dtype
+from napkin.backend import JAX
 from napkin.errors import NapkinError
 
 JNP_DTYPES = {
@@ -43,6 +43,7 @@ class EvalContext:
     partition has sliced (index-dependent masks need it)."""
     env: dict = field(default_factory=dict)
     offsets: dict = field(default_factory=dict)
+    xp: Any = JAX
 
     def number(self, expr) -> float:
         if isinstance(expr, (int, float)):
@@ -55,18 +56,26 @@ class EvalContext:
     def shifted(self, axis: str, start) -> EvalContext:
         offsets = dict(self.offsets)
         offsets[axis] = offsets.get(axis, 0) + start
-        return EvalContext(self.env, offsets)
+        return EvalContext(self.env, offsets, self.xp)
+
+    def bound(self, symbol, value) -> EvalContext:
+        """Context where a symbolic size (e.g. a group size g_q) has a value."""
+        if not isinstance(symbol, sympy.Symbol):
+            return self
+        env = dict(self.env)
+        env[symbol] = value
+        return EvalContext(env, self.offsets, self.xp)
 
 
-def align(x, src: tuple[str, ...], dst: tuple[str, ...]):
+def align(xp, x, src: tuple[str, ...], dst: tuple[str, ...]):
     """Transpose ``x`` (axes ``src``) into the order of ``dst``, inserting
     size-1 axes for the names ``src`` lacks (broadcasting)."""
     present = [n for n in dst if n in src]
-    x = jnp.transpose(x, [src.index(n) for n in present]) if present != list(src) else x
+    x = xp.transpose(x, [src.index(n) for n in present]) if present != list(src) else x
     shape, it = [], iter(x.shape)
     for n in dst:
         shape.append(next(it) if n in src else 1)
-    return x.reshape(shape)
+    return xp.reshape(x, shape)
 
 
 def merge_axes(types: tuple[ArrayType, ...], what: str) -> dict[str, Axis]:
@@ -145,7 +154,7 @@ class Contract(Spec):
                 letters.setdefault(n, chr(ord("a") + len(letters)))
         spec = ",".join("".join(letters[n] for n in t.names) for t in ins)
         spec += "->" + "".join(letters[n] for n in self.out)
-        return (jnp.einsum(spec, *xs, precision=jax.lax.Precision.HIGHEST),)
+        return (ctx.xp.einsum(spec, *xs),)
 
     def woven(self, axis):
         return self if axis in self.out else Contract((axis, *self.out))
@@ -160,19 +169,17 @@ class Contract(Spec):
 
 
 # --------------------------------------------------------------------------- elementwise
-def _softcap(x, c):
-    return c * jnp.tanh(x / c)
-
-
+# name -> backend function name (napkin.backend)
 UNARY = {
-    "exp": jnp.exp, "log": jnp.log, "tanh": jnp.tanh, "neg": jnp.negative,
-    "sigmoid": jax.nn.sigmoid, "square": jnp.square, "sqrt": jnp.sqrt,
-    "rsqrt": jax.lax.rsqrt, "recip": jnp.reciprocal, "relu": jax.nn.relu,
-    "silu": jax.nn.silu, "abs": jnp.abs, "id": lambda x: x,
+    "exp": "exp", "log": "log", "tanh": "tanh", "neg": "negative", "sigmoid": "sigmoid",
+    "square": "square", "sqrt": "sqrt", "rsqrt": "rsqrt", "recip": "reciprocal",
+    "relu": "relu", "silu": "silu", "abs": "abs", "id": None,
 }
 PARAM_UNARY = {
-    "scale": lambda x, c: x * c, "softcap": _softcap, "add_const": lambda x, c: x + c,
-    "pow": lambda x, c: x ** c,
+    "scale": lambda xp, x, c: xp.multiply(x, c),
+    "softcap": lambda xp, x, c: xp.multiply(xp.tanh(xp.divide(x, c)), c),
+    "add_const": lambda xp, x, c: xp.add(x, c),
+    "pow": lambda xp, x, c: xp.power(x, c),
 }
 # Transcendental maps run on the special-function unit (cost and lowering care).
 TRANSCENDENTAL = {"exp", "log", "tanh", "sigmoid", "sqrt", "rsqrt", "silu", "softcap"}
@@ -203,9 +210,11 @@ class Map(Spec):
         return (ins[0],)
 
     def evaluate(self, ctx, ins, outs, x):
+        xp = ctx.xp
         if self.fn in UNARY:
-            return (UNARY[self.fn](x),)
-        return (PARAM_UNARY[self.fn](x, jnp.asarray(ctx.number(self.param), x.dtype)),)
+            return (x if UNARY[self.fn] is None else getattr(xp, UNARY[self.fn])(x),)
+        c = self.param if xp.symbolic else ctx.number(self.param)
+        return (PARAM_UNARY[self.fn](xp, x, xp.const(c, x)),)
 
     def label(self):
         if self.param is None:
@@ -213,10 +222,8 @@ class Map(Spec):
         return f"{self.fn}({self.param})"
 
 
-BINARY = {
-    "add": jnp.add, "sub": jnp.subtract, "mul": jnp.multiply, "div": jnp.divide,
-    "max": jnp.maximum, "min": jnp.minimum,
-}
+BINARY = {"add": "add", "sub": "subtract", "mul": "multiply", "div": "divide",
+          "max": "maximum", "min": "minimum"}
 
 
 @dataclass(frozen=True)
@@ -236,18 +243,16 @@ class Zip(Spec):
         return (ArrayType(tuple(seen.values()), promote(t.dtype for t in ins)),)
 
     def evaluate(self, ctx, ins, outs, a, b):
-        names = outs[0].names
-        return (BINARY[self.fn](align(a, ins[0].names, names), align(b, ins[1].names, names)),)
+        xp, names = ctx.xp, outs[0].names
+        return (getattr(xp, BINARY[self.fn])(align(xp, a, ins[0].names, names),
+                                             align(xp, b, ins[1].names, names)),)
 
     def label(self):
         return self.fn
 
 
 # --------------------------------------------------------------------------- reductions
-REDUCERS = {
-    "sum": jnp.sum, "max": jnp.max, "mean": jnp.mean,
-    "logsumexp": jax.scipy.special.logsumexp,
-}
+REDUCERS = ("sum", "max", "mean", "logsumexp")
 
 
 @dataclass(frozen=True)
@@ -266,7 +271,7 @@ class Reduce(Spec):
         return (ins[0].without(self.axis),)
 
     def evaluate(self, ctx, ins, outs, x):
-        return (REDUCERS[self.fn](x, axis=ins[0].names.index(self.axis)),)
+        return (getattr(ctx.xp, self.fn)(x, ins[0].names.index(self.axis)),)
 
     def flops(self, ins, outs):
         return ins[0].numel * (4 if self.fn == "logsumexp" else 1)
@@ -286,7 +291,7 @@ class Softmax(Spec):
         return (ins[0],)
 
     def evaluate(self, ctx, ins, outs, x):
-        return (jax.nn.softmax(x, axis=ins[0].names.index(self.axis)),)
+        return (ctx.xp.softmax(x, ins[0].names.index(self.axis)),)
 
     def flops(self, ins, outs):
         return 5 * ins[0].numel  # max, subtract, exp, sum, divide
@@ -339,19 +344,19 @@ class Mask(Spec):
         return (x,)
 
     def evaluate(self, ctx, ins, outs, x, *rest):
-        names = ins[0].names
-        fill = jnp.asarray(max(self.fill, float(jnp.finfo(x.dtype).min) / 2), x.dtype)
+        xp, names = ctx.xp, ins[0].names
+        fill = xp.mask_fill(self.fill, x)
         if self.kind_ == "padding":
-            keep = align(rest[0], ins[1].names, names) != 0
+            keep = align(xp, rest[0], ins[1].names, names) != 0
         else:
-            qi = ctx.offsets.get(self.q, 0) + jnp.arange(x.shape[names.index(self.q)])
-            ki = ctx.offsets.get(self.k, 0) + jnp.arange(x.shape[names.index(self.k)])
-            qi = align(qi, (self.q,), names) + self.offset
-            ki = align(ki, (self.k,), names)
+            qi = ctx.offsets.get(self.q, 0) + xp.arange(x.shape[names.index(self.q)])
+            ki = ctx.offsets.get(self.k, 0) + xp.arange(x.shape[names.index(self.k)])
+            qi = align(xp, qi, (self.q,), names) + self.offset
+            ki = align(xp, ki, (self.k,), names)
             keep = ki <= qi
             if self.kind_ == "window":
                 keep = keep & (ki > qi - self.width)
-        return (jnp.where(keep, x, fill),)
+        return (xp.where(keep, x, fill),)
 
     def label(self):
         if self.kind_ == "causal":
@@ -374,7 +379,7 @@ class Cast(Spec):
         return (ins[0].with_dtype(self.dtype),)
 
     def evaluate(self, ctx, ins, outs, x):
-        return (x.astype(JNP_DTYPES[self.dtype]),)
+        return (ctx.xp.astype(x, JNP_DTYPES[self.dtype]),)
 
     def flops(self, ins, outs):
         return sympy.Integer(0)
@@ -395,3 +400,30 @@ def roles(ins: tuple[ArrayType, ...], outs: tuple[ArrayType, ...]) -> dict:
     broadcast = {i: [n for n in woven if not t.has(n)] for i, t in enumerate(ins)}
     return {"woven": woven, "reduced": reduced,
             "broadcast": {i: b for i, b in broadcast.items() if b}}
+
+
+@dataclass(frozen=True)
+class Fill(Spec):
+    """A constant array (no inputs): accumulators start from it."""
+    value: float
+    type: ArrayType
+    kind: ClassVar[str] = "fill"
+    n_in: ClassVar[int] = 0
+
+    def infer(self, ins):
+        self.check_arity(ins)
+        return (self.type,)
+
+    def evaluate(self, ctx, ins, outs, *xs):
+        shape = tuple(int(ctx.number(a.size)) for a in self.type.axes)
+        dtype = JNP_DTYPES["f32" if self.type.dtype in ("bf16", "f16", "fp8") else self.type.dtype]
+        value = sympy.sympify(self.value) if ctx.xp.symbolic else self.value
+        if ctx.xp.symbolic and self.value == float("-inf"):
+            value = -sympy.oo
+        return (ctx.xp.full(shape, value, dtype),)
+
+    def flops(self, ins, outs):
+        return sympy.Integer(0)
+
+    def label(self):
+        return f"fill({self.value:g})"

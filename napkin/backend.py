@@ -1,0 +1,149 @@
+"""Array backends for the one semantics: JAX numbers, or sympy expressions.
+
+Primitives are written once against this small namespace (``ctx.xp``).  With
+:data:`JAX` they compute; with :data:`SYMPY` they build exact expressions over
+numpy object arrays, which is how rule proofs check an accumulator law on
+symbolic entries with the very same definitions the kernels use.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import sympy
+
+
+class JaxBackend:
+    name = "jax"
+    symbolic = False
+
+    exp, log, tanh, negative = jnp.exp, jnp.log, jnp.tanh, jnp.negative
+    sigmoid, square, sqrt, rsqrt = jax.nn.sigmoid, jnp.square, jnp.sqrt, jax.lax.rsqrt
+    reciprocal, relu, silu, abs = jnp.reciprocal, jax.nn.relu, jax.nn.silu, jnp.abs
+    add, subtract, multiply, divide = jnp.add, jnp.subtract, jnp.multiply, jnp.divide
+    maximum, minimum, power = jnp.maximum, jnp.minimum, jnp.power
+    sum, max, mean = jnp.sum, jnp.max, jnp.mean
+    transpose, reshape, where, arange = jnp.transpose, jnp.reshape, jnp.where, jnp.arange
+    concatenate, stack = jnp.concatenate, jnp.stack
+
+    @staticmethod
+    def einsum(spec, *xs):
+        return jnp.einsum(spec, *xs, precision=jax.lax.Precision.HIGHEST)
+
+    @staticmethod
+    def logsumexp(x, axis):
+        return jax.scipy.special.logsumexp(x, axis=axis)
+
+    @staticmethod
+    def softmax(x, axis):
+        return jax.nn.softmax(x, axis=axis)
+
+    @staticmethod
+    def const(value, like):
+        return jnp.asarray(value, dtype=jnp.result_type(like))
+
+    @staticmethod
+    def full(shape, value, dtype):
+        return jnp.full(shape, value, dtype=dtype)
+
+    @staticmethod
+    def astype(x, dtype):
+        return x.astype(dtype)
+
+    @staticmethod
+    def mask_fill(fill, like):
+        dt = jnp.result_type(like)
+        if jnp.issubdtype(dt, jnp.floating):
+            fill = max(fill, float(jnp.finfo(dt).min) / 2)
+        return jnp.asarray(fill, dt)
+
+    @staticmethod
+    def take(x, axis, start, stop):
+        return jax.lax.slice_in_dim(x, start, stop, axis=axis)
+
+
+def _vec(f):
+    return np.vectorize(f, otypes=[object])
+
+
+def _reduce(fn):
+    def r(x, axis):
+        return np.apply_along_axis(lambda row: fn(list(row)), axis, x) if x.ndim > 1 \
+            else np.asarray(fn(list(x)), dtype=object)
+    return r
+
+
+class SympyBackend:
+    """numpy object arrays of sympy expressions; max is sympy.Max."""
+    name = "sympy"
+    symbolic = True
+
+    exp = staticmethod(_vec(sympy.exp))
+    log = staticmethod(_vec(sympy.log))
+    tanh = staticmethod(_vec(sympy.tanh))
+    negative = staticmethod(_vec(lambda a: -a))
+    sigmoid = staticmethod(_vec(lambda a: 1 / (1 + sympy.exp(-a))))
+    square = staticmethod(_vec(lambda a: a ** 2))
+    sqrt = staticmethod(_vec(sympy.sqrt))
+    rsqrt = staticmethod(_vec(lambda a: 1 / sympy.sqrt(a)))
+    reciprocal = staticmethod(_vec(lambda a: 1 / a))
+    relu = staticmethod(_vec(lambda a: sympy.Max(a, 0)))
+    silu = staticmethod(_vec(lambda a: a / (1 + sympy.exp(-a))))
+    abs = staticmethod(_vec(sympy.Abs))
+    add = staticmethod(_vec(lambda a, b: a + b))
+    subtract = staticmethod(_vec(lambda a, b: a - b))
+    multiply = staticmethod(_vec(lambda a, b: a * b))
+    divide = staticmethod(_vec(lambda a, b: a / b))
+    maximum = staticmethod(_vec(lambda a, b: sympy.Max(a, b)))
+    minimum = staticmethod(_vec(lambda a, b: sympy.Min(a, b)))
+    power = staticmethod(_vec(lambda a, b: a ** b))
+    sum = staticmethod(_reduce(lambda xs: sympy.Add(*xs)))
+    max = staticmethod(_reduce(lambda xs: sympy.Max(*xs)))
+    mean = staticmethod(_reduce(lambda xs: sympy.Add(*xs) / len(xs)))
+    transpose, reshape, arange = staticmethod(np.transpose), staticmethod(np.reshape), staticmethod(np.arange)
+    concatenate, stack = staticmethod(np.concatenate), staticmethod(np.stack)
+
+    @staticmethod
+    def where(keep, x, fill):
+        return np.where(keep, x, fill)
+
+    @staticmethod
+    def einsum(spec, *xs):
+        out = np.einsum(spec, *[np.asarray(x, dtype=object) for x in xs], optimize=False)
+        return np.asarray(out, dtype=object)
+
+    @classmethod
+    def logsumexp(cls, x, axis):
+        return _reduce(lambda xs: sympy.log(sympy.Add(*[sympy.exp(a) for a in xs])))(x, axis)
+
+    @classmethod
+    def softmax(cls, x, axis):
+        e = cls.exp(x)
+        z = np.expand_dims(cls.sum(e, axis), axis)
+        return cls.divide(e, z)
+
+    @staticmethod
+    def const(value, like):
+        return sympy.sympify(value)
+
+    @staticmethod
+    def full(shape, value, dtype):
+        return np.full(shape, sympy.sympify(value), dtype=object)
+
+    @staticmethod
+    def astype(x, dtype):
+        return x
+
+    @staticmethod
+    def mask_fill(fill, like):
+        return sympy.sympify(fill)
+
+    @staticmethod
+    def take(x, axis, start, stop):
+        idx = [slice(None)] * x.ndim
+        idx[axis] = slice(start, stop)
+        return x[tuple(idx)]
+
+
+JAX = JaxBackend  # the classes are the namespaces (no instance: functions stay unbound)
+SYMPY = SympyBackend
