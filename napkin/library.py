@@ -239,7 +239,9 @@ def rmsnorm_matmul(dtype="f32"):
     def f(X, G, W):
         ms = ops.mean(ops.square(X), d, as_="ms")
         inv = ops.rsqrt(ops.add_const(ms, RMS_EPS), as_="inv")
-        Xn = ops.mul(ops.mul(X, inv), G, as_="Xn")
+        # scale by the weight first: the per-row factor inv[n] then sits
+        # outermost, where normalized_contraction can pull it out of the matmul
+        Xn = ops.mul(ops.mul(X, G, as_="Xg"), inv, as_="Xn")
         return ops.contract(Xn, W, out=(n, e), name="matmul", as_="Y")
     return trace(f, {"X": Array(n, d, dtype=dtype), "G": Array(d, dtype=dtype),
                      "W": Array(d, e, dtype=dtype)}, "rmsnorm_matmul")

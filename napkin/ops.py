@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from napkin.arrays import Axis
 from napkin.errors import NapkinError
-from napkin.primitives import Cast, Contract, Map, Mask, Reduce, Softmax, Zip
+from napkin.primitives import Cast, Contract, Fill, Map, Mask, Reduce, Softmax, Zip
 from napkin.trace import Value, current
 
 
@@ -120,3 +120,13 @@ def padding_mask(x: Value, valid: Value, name=None, as_=None) -> Value:
 
 def cast(x: Value, dtype: str, name=None, as_=None) -> Value:
     return _one(Cast(dtype), [x], name, as_)
+
+
+def fill(type, value: float, name=None, as_=None) -> Value:
+    """A constant array of the given ArrayType (accumulators start from one)."""
+    return _one(Fill(float(value), type), [], name, as_)
+
+
+def apply(spec, *xs: Value, name=None, out_names=None) -> list[Value]:
+    """Record any primitive spec (rules replay boxes with it)."""
+    return current().apply(spec, list(xs), name, out_names)

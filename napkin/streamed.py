@@ -8,7 +8,7 @@ every group.
 
 A :class:`Stream` box holds an accumulator — three small diagrams over a state
 type — ``init: () → state``, ``update: state ⊗ inputs[chunk] → state``,
-``finalize: state → outputs``; it means: fold ``update`` over chunks of the
+``finalize: state ⊗ fixed inputs → outputs`` (fixed = without the axis); it means: fold ``update`` over chunks of the
 streamed axis, then ``finalize``.  Inputs without the axis are passed whole to
 every update.
 
@@ -112,7 +112,7 @@ class Stream(Spec):
     chunk: Any
     init: Any           # Diagram: () -> state
     update: Any         # Diagram: state @ inputs (axis at chunk size) -> state
-    finalize: Any       # Diagram: state -> outputs
+    finalize: Any       # Diagram: state @ inputs lacking the axis -> outputs
     rule: str = "stream"
     kind: ClassVar[str] = "stream"
     n_in: ClassVar[None] = None
@@ -124,8 +124,9 @@ class Stream(Spec):
     def infer(self, ins):
         state = array_types(self.init.cod)
         want = array_types(self.update.dom)
+        fixed = [t for t in ins if not t.has(self.axis)]
         if tuple(want[:len(state)]) != tuple(state) or array_types(self.update.cod) != state \
-                or array_types(self.finalize.dom) != state:
+                or array_types(self.finalize.dom) != state + fixed:
             raise NapkinError(f"stream {self.axis}: init, update and finalize disagree on the state")
         _check_same(f"stream {self.axis}", _relabel(ins, self.axis, self.chunk),
                     want[len(state):])
@@ -142,7 +143,8 @@ class Stream(Spec):
             args = [xp.take(x, t.names.index(self.axis), start, stop) if t.has(self.axis) else x
                     for t, x in zip(ins, xs)]
             state = run(self.update, sub, *state, *args)
-        return run(self.finalize, ctx, *state)
+        fixed = [x for t, x in zip(ins, xs) if not t.has(self.axis)]
+        return run(self.finalize, ctx, *state, *fixed)
 
     def flops(self, ins, outs):
         from napkin.flops import flops

@@ -119,10 +119,14 @@ def _as_type(spec, dtype: str) -> ArrayType:
     raise NapkinError(f"an input is declared by a tuple of Axis or Array(...), got {spec!r}")
 
 
-def trace(fn, inputs: dict, name: str | None = None, dtype: str = "f32"):
-    """Trace ``fn`` on symbolic inputs; return its diagram."""
-    b = Builder(name or fn.__name__)
-    args = [b.input(k, _as_type(v, dtype)) for k, v in inputs.items()]
+def trace(fn, inputs, name: str | None = None, dtype: str = "f32"):
+    """Trace ``fn`` on symbolic inputs; return its diagram.
+
+    ``inputs``: ``{name: axes or Array}``, or a list of ``(name, type)`` pairs
+    when names repeat."""
+    b = Builder(name or getattr(fn, "__name__", "algorithm"))
+    pairs = inputs.items() if isinstance(inputs, dict) else inputs
+    args = [b.input(k, _as_type(v, dtype)) for k, v in pairs]
     token = _current.set(b)
     try:
         out = fn(*args)

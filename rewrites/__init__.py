@@ -1,0 +1,30 @@
+"""The rule library: one module per rule, each naming the proof that backs it.
+
+``RULES`` are rewrites (check/apply at a site); ``STREAMABILITY`` are the
+accumulators the stream partition recognises, tried in this order (compound
+patterns first, so softmax·contraction is claimed before the plain sum).
+"""
+from rewrites.base import Claim, Rule, Streamability
+from rewrites.group_partition import GroupPartition
+from rewrites.head_grouping import HeadGrouping
+from rewrites.logsumexp import LogSumExp
+from rewrites.max_reduce import MaxReduce
+from rewrites.normalized_contraction import NormalizedContraction
+from rewrites.relabel_level import RelabelLevel
+from rewrites.softmax_contraction import SoftmaxContraction
+from rewrites.stream_partition import StreamPartition
+from rewrites.sum_contraction import SumContraction
+
+STREAMABILITY: list[Streamability] = [SoftmaxContraction(), LogSumExp(), MaxReduce(), SumContraction()]
+RULES: dict[str, Rule] = {r.name: r for r in (
+    GroupPartition(), StreamPartition(), NormalizedContraction(), HeadGrouping(), RelabelLevel())}
+
+
+def get_rule(name: str) -> Rule:
+    if name not in RULES:
+        from napkin.errors import RuleError
+        raise RuleError(f"unknown rule {name!r}; known: {', '.join(RULES)}")
+    return RULES[name]
+
+
+__all__ = ["Claim", "RULES", "Rule", "STREAMABILITY", "Streamability", "get_rule"]

@@ -1,0 +1,176 @@
+"""Sites and regions: where a rule applies, and cutting a region out.
+
+A *site* addresses a set of boxes in a (possibly nested) streamed program:
+``path`` descends through group boxes (each entry is the op index of a group in
+the enclosing body), ``ops`` are op indices in that body.  Op indices follow
+:func:`napkin.ir.ops` (a deterministic topological order), so a site written in
+a certificate means the same boxes whenever the same program is rebuilt.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import networkx as nx
+from discopy import markov
+
+from napkin.errors import RuleError
+from napkin.ir import GraphBuilder, ops as op_order, to_diagram, to_graph
+from napkin.op import make_op
+
+
+@dataclass(frozen=True)
+class Site:
+    path: tuple[int, ...] = ()
+    ops: tuple[int, ...] = ()
+
+    def to_json(self):
+        return {"path": list(self.path), "ops": list(self.ops)}
+
+    @classmethod
+    def from_json(cls, data):
+        return cls(tuple(int(i) for i in data.get("path", ())), tuple(int(i) for i in data["ops"]))
+
+    def __str__(self):
+        where = "".join(f"/group#{i}" for i in self.path) or "/"
+        return f"{where} ops {list(self.ops)}"
+
+
+def body_at(diagram, path):
+    """The diagram at ``path`` (descending through group boxes)."""
+    d = diagram
+    for depth, i in enumerate(path):
+        order = op_order(to_graph(d))
+        if i >= len(order):
+            raise RuleError(f"site path step {depth}: no op #{i} (the body has {len(order)})")
+        box = to_graph(d).nodes[order[i]]["box"]
+        if getattr(box.data, "kind", None) != "group":
+            raise RuleError(f"site path step {depth}: op #{i} ({box.name}) is not a group")
+        d = box.data.body
+    return d
+
+
+def replace_at(diagram, path, new_body):
+    """``diagram`` with the body at ``path`` replaced (groups rebuilt outward)."""
+    if not path:
+        return new_body
+    g = to_graph(diagram)
+    order = op_order(g)
+    node = g.nodes[order[path[0]]]
+    spec = node["box"].data
+    inner = replace_at(spec.body, path[1:], new_body)
+    new_spec = type(spec)(spec.axis, spec.size, inner, spec.level)
+    dom = markov.Ty(*(g.nodes[v]["ob"] for v in node["ins"]))
+    node["box"] = make_op(new_spec, dom, [ob.name for ob in node["box"].cod.inside], node["box"].name)
+    return to_diagram(g)
+
+
+@dataclass
+class Region:
+    """A convex set of op nodes of a graph, with its boundary."""
+    graph: nx.DiGraph
+    nodes: list[int]      # op nodes, topological order
+    inputs: list[int]     # values entering, by first use
+    outputs: list[int]    # values leaving (used outside or graph outputs)
+
+    def boxes(self):
+        return [self.graph.nodes[n]["box"] for n in self.nodes]
+
+
+def region(graph: nx.DiGraph, op_indices) -> Region:
+    order = op_order(graph)
+    bad = [i for i in op_indices if not 0 <= i < len(order)]
+    if bad:
+        raise RuleError(f"site names op #{bad[0]} but the body has ops #0..#{len(order) - 1}")
+    if not op_indices:
+        raise RuleError("a site needs at least one op")
+    chosen = [order[i] for i in sorted(set(op_indices))]
+    inside = set(chosen)
+    produced = {v for n in chosen for v in graph.nodes[n]["outs"]}
+    inputs = []
+    for n in chosen:
+        for v in graph.nodes[n]["ins"]:
+            if v not in produced and v not in inputs:
+                inputs.append(v)
+    graph_out = set(graph.graph["outputs"])
+    outputs = [v for n in chosen for v in graph.nodes[n]["outs"]
+               if v in graph_out or any(c not in inside for c in graph.successors(v))]
+    # Convexity: nothing outside may sit between two boxes of the region.
+    outside_desc = set()
+    for v in outputs:
+        for c in graph.successors(v):
+            if c not in inside:
+                outside_desc |= nx.descendants(graph, c) | {c}
+    if outside_desc & inside:
+        n = next(iter(outside_desc & inside))
+        raise RuleError(f"the region is not convex: {graph.nodes[n]['box'].name} depends on a box "
+                        f"outside the region that depends on the region")
+    return Region(graph, chosen, inputs, outputs)
+
+
+def region_diagram(reg: Region, retype=None):
+    """The region as a diagram of its own (optionally re-typing every wire:
+    ``retype(ArrayOb) -> ArrayOb``; boxes are re-inferred on the new types)."""
+    g, b = reg.graph, GraphBuilder()
+    retype = retype or (lambda ob: ob)
+    env = {v: b.input(retype(g.nodes[v]["ob"])) for v in reg.inputs}
+    for n in reg.nodes:
+        node = g.nodes[n]
+        box = node["box"]
+        dom = markov.Ty(*(b.graph.nodes[env[v]]["ob"] for v in node["ins"]))
+        new = make_op(box.data, dom, [ob.name for ob in box.cod.inside], box.name)
+        for v, w in zip(node["outs"], b.op(new, [env[v] for v in node["ins"]])):
+            env[v] = w
+    return to_diagram(b.finish([env[v] for v in reg.outputs]))
+
+
+def splice(reg: Region, box) -> nx.DiGraph:
+    """A copy of the graph with the region replaced by one box (same boundary)."""
+    g = reg.graph.copy()
+    for n in g.nodes:
+        if g.nodes[n]["kind"] == "op":
+            g.nodes[n]["ins"] = list(g.nodes[n]["ins"])
+    n_new = max(g.nodes) + 1
+    interior = {v for n in reg.nodes for v in g.nodes[n]["outs"]} - set(reg.outputs)
+    g.remove_nodes_from(reg.nodes)
+    g.remove_nodes_from(interior)
+    for v, ob in zip(reg.outputs, box.cod.inside):
+        g.nodes[v]["ob"] = ob
+    g.add_node(n_new, kind="op", box=box, ins=list(reg.inputs), outs=list(reg.outputs))
+    for v in reg.inputs:
+        g.add_edge(v, n_new)
+    for v in reg.outputs:
+        g.add_edge(n_new, v)
+    return g
+
+
+def inline(reg: Region, diagram) -> nx.DiGraph:
+    """A copy of the graph with the region replaced by the boxes of ``diagram``
+    (whose dom/cod match the region's inputs/outputs)."""
+    sub = to_graph(diagram)
+    if len(sub.graph["inputs"]) != len(reg.inputs) or len(sub.graph["outputs"]) != len(reg.outputs):
+        raise RuleError("replacement does not fit the region's boundary")
+    g = reg.graph.copy()
+    interior = {v for n in reg.nodes for v in g.nodes[n]["outs"]} - set(reg.outputs)
+    g.remove_nodes_from(reg.nodes)
+    g.remove_nodes_from(interior)
+    fresh = iter(range(max(g.nodes) + 1, max(g.nodes) + 2 + sub.number_of_nodes()))
+    env = dict(zip(sub.graph["inputs"], reg.inputs))
+    env.update(zip(sub.graph["outputs"], reg.outputs))
+    if set(sub.graph["inputs"]) & set(sub.graph["outputs"]):
+        raise RuleError("replacement passes an input straight through; not supported by inline")
+    for v in sub.nodes:
+        if sub.nodes[v]["kind"] == "value" and v not in env:
+            env[v] = next(fresh)
+            g.add_node(env[v], kind="value", ob=sub.nodes[v]["ob"])
+    for v, w in zip(sub.graph["outputs"], reg.outputs):
+        g.nodes[w]["ob"] = sub.nodes[v]["ob"]
+    for n in op_order(sub):
+        node = sub.nodes[n]
+        m = next(fresh)
+        g.add_node(m, kind="op", box=node["box"], ins=[env[v] for v in node["ins"]],
+                   outs=[env[v] for v in node["outs"]])
+        for v in node["ins"]:
+            g.add_edge(env[v], m)
+        for v in node["outs"]:
+            g.add_edge(m, env[v])
+    return g

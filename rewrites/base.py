@@ -1,0 +1,87 @@
+"""What a rule is: data plus a check/apply pair (as in PyZX), backed by a proof.
+
+A :class:`Rule` rewrites a program at a :class:`~napkin.region.Site` with JSON
+parameters.  ``check`` raises :class:`~napkin.errors.RuleError` naming the
+failed premise, in words; ``apply`` checks, then returns the new program.
+``candidates`` proposes sites and parameters for a search; ``proof`` names the
+module under ``proofs/`` that proves the rule sound for all sizes.
+
+A :class:`Streamability` rule does not rewrite on its own: it is an
+accumulator (state, init, update, finalise) that the stream partition uses for
+the reductions it recognises.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import sympy
+
+from napkin.arrays import ArrayType
+from napkin.region import Site
+
+
+class Rule:
+    name: str = ""
+    summary: str = ""
+    proof: str = ""
+
+    def check(self, program, site: Site, params: dict) -> None:
+        raise NotImplementedError
+
+    def apply(self, program, site: Site, params: dict):
+        raise NotImplementedError
+
+    def candidates(self, program):
+        return iter(())
+
+
+@dataclass
+class Claim:
+    """Ops of a region a streamability rule takes over, with their boundary."""
+    rule: "Streamability"
+    nodes: list[int]
+    inputs: list[int]
+    outputs: list[int]
+    data: dict = field(default_factory=dict)
+
+
+class Streamability:
+    """An accumulator for one kind of reduction over the streamed axis."""
+    name: str = ""
+    summary: str = ""
+    proof: str = ""
+
+    def claims(self, graph, nodes: list[int], axis: str) -> list[Claim]:
+        raise NotImplementedError
+
+    def state(self, graph, claim: Claim, axis: str) -> list[tuple[str, ArrayType]]:
+        raise NotImplementedError
+
+    def init(self, graph, claim, axis):
+        raise NotImplementedError
+
+    def update(self, graph, claim, axis, state, ins):
+        raise NotImplementedError
+
+    def finalize(self, graph, claim, axis, state):
+        raise NotImplementedError
+
+
+def acc_dtype(dtype: str) -> str:
+    """Accumulate low-precision inputs in float32."""
+    return "f64" if dtype == "f64" else "f32"
+
+
+def ob(graph, v):
+    return graph.nodes[v]["ob"]
+
+
+def size_param(value):
+    """A tile size from JSON: an int, or a symbol name like "g_q"."""
+    if isinstance(value, int):
+        return value
+    return sympy.Symbol(str(value), integer=True, positive=True)
+
+
+def size_json(value):
+    return int(value) if isinstance(value, int) or getattr(value, "is_Integer", False) else str(value)

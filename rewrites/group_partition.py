@@ -1,0 +1,112 @@
+"""Group partition (tiling): map a region over groups of a woven axis.
+
+Matches: a convex region of boxes.  Parameters: ``axis``, group ``size`` (an
+int or a symbol such as ``g_q``), memory ``level`` of the groups.
+Premises: every box of the region is woven over the axis and acts on each index
+independently (no box reduces it, softmaxes over it or streams it); every
+region output carries the axis; some input carries it.  Inputs without the axis
+are broadcast: re-sent to every group (this is where transfer cost comes from).
+Replacement: one :class:`~napkin.streamed.Group` box whose body is the region
+with the axis relabelled to the group size.
+Proof: proofs/group_partition.py.
+"""
+from __future__ import annotations
+
+from discopy import markov
+
+from napkin.arrays import ArrayOb
+from napkin.errors import RuleError
+from napkin.ir import ops as op_order, to_diagram, to_graph
+from napkin.op import make_op
+from napkin.region import Site, body_at, region, region_diagram, replace_at, splice
+from napkin.streamed import Group, tile_symbol
+from rewrites.base import Rule, size_param
+
+LEVELS = ("gmem", "l2", "smem", "registers")
+
+
+def mixing_reason(box, axis: str) -> str | None:
+    """Why ``box`` is not independent along ``axis`` (None when it is)."""
+    spec = box.data
+    ins = [ob.type for ob in box.dom.inside]
+    outs = [ob.type for ob in box.cod.inside]
+    if any(t.has(axis) for t in ins) and not any(t.has(axis) for t in outs):
+        return f"{box.name} reduces axis {axis}"
+    if any(t.has(axis) for t in outs) and not all(t.has(axis) for t in outs):
+        return f"{box.name} has an output without axis {axis}"
+    if getattr(spec, "axis", None) == axis and spec.kind in ("softmax", "reduce", "stream"):
+        return f"{box.name} mixes entries along axis {axis}"
+    for inner in _inner_diagrams(spec):
+        for b in inner.boxes:
+            if hasattr(b, "data") and b.data is not None and hasattr(b.data, "kind"):
+                why = mixing_reason(b, axis)
+                if why:
+                    return f"{box.name} contains {why}"
+    return None
+
+
+def _inner_diagrams(spec):
+    if spec.kind == "group":
+        return [spec.body]
+    if spec.kind == "stream":
+        return [spec.init, spec.update, spec.finalize]
+    return []
+
+
+class GroupPartition(Rule):
+    name = "group_partition"
+    summary = "tile a woven axis: run the region once per group of g entries at a lower level"
+    proof = "proofs.group_partition"
+
+    def _region(self, program, site, params):
+        axis = params.get("axis")
+        if not isinstance(axis, str):
+            raise RuleError("group_partition needs a parameter axis (an axis name)")
+        level = params.get("level", "smem")
+        if level not in LEVELS:
+            raise RuleError(f"group_partition: unknown level {level!r}; known: {', '.join(LEVELS)}")
+        body = body_at(program, site.path)
+        graph = to_graph(body)
+        reg = region(graph, site.ops)
+        for box in reg.boxes():
+            if not any(ob.type.has(axis) for ob in box.cod.inside):
+                raise RuleError(f"cannot group {axis}: {box.name} is not woven over {axis} "
+                                f"(its outputs {box.cod} lack the axis)")
+            why = mixing_reason(box, axis)
+            if why:
+                raise RuleError(f"cannot group {axis}: {why}")
+        for v in reg.outputs:
+            if not graph.nodes[v]["ob"].type.has(axis):
+                raise RuleError(f"cannot group {axis}: region output {graph.nodes[v]['ob']} lacks it")
+        if not any(graph.nodes[v]["ob"].type.has(axis) for v in reg.inputs):
+            raise RuleError(f"cannot group {axis}: no input of the region carries it")
+        return body, graph, reg, axis, level
+
+    def check(self, program, site, params):
+        self._region(program, site, params)
+
+    def apply(self, program, site, params):
+        body, graph, reg, axis, level = self._region(program, site, params)
+        size = size_param(params.get("size", str(tile_symbol("g", axis))))
+
+        def retype(o):
+            return ArrayOb(o.name, o.type.resize(axis, size)) if o.type.has(axis) else o
+        inner = region_diagram(reg, retype)
+        dom = markov.Ty(*(graph.nodes[v]["ob"] for v in reg.inputs))
+        names = [graph.nodes[v]["ob"].name for v in reg.outputs]
+        box = make_op(Group(axis, size, inner, level), dom, names, f"group {axis}")
+        return replace_at(program, site.path, to_diagram(splice(reg, box)))
+
+    def candidates(self, program, path=()):
+        """Whole-body sites for every axis some input carries; groups nest."""
+        body = body_at(program, path)
+        graph = to_graph(body)
+        order = op_order(graph)
+        axes = dict.fromkeys(a for v in graph.graph["inputs"] for a in graph.nodes[v]["ob"].type.names)
+        for axis in axes:
+            # the largest convex prefix of boxes woven over the axis
+            ok = [i for i, n in enumerate(order)
+                  if any(o.type.has(axis) for o in graph.nodes[n]["box"].cod.inside)
+                  and mixing_reason(graph.nodes[n]["box"], axis) is None]
+            if ok:
+                yield Site(tuple(path), tuple(ok)), {"axis": axis}

@@ -1,0 +1,42 @@
+"""Streamability of logsumexp: state (μ, z) = (running max, Σ exp(x − μ)).
+
+μ′ = max(μ, max_chunk x); z′ = z·exp(μ − μ′) + Σ_chunk exp(x − μ′);
+result μ + log z.  Proof: proofs/logsumexp.py.
+"""
+from __future__ import annotations
+
+from napkin import ops
+from rewrites.base import Claim, Streamability, acc_dtype, ob
+
+
+class LogSumExp(Streamability):
+    name = "logsumexp"
+    summary = "logsumexp over the axis: (μ, z) with rescale exp(μ − μ′)"
+    proof = "proofs.logsumexp"
+
+    def claims(self, graph, nodes, axis):
+        return [Claim(self, [n], list(graph.nodes[n]["ins"]), list(graph.nodes[n]["outs"]))
+                for n in nodes if graph.nodes[n]["box"].data.kind == "reduce"
+                and graph.nodes[n]["box"].data.fn == "logsumexp"
+                and graph.nodes[n]["box"].data.axis == axis]
+
+    def state(self, graph, claim, axis):
+        t = ob(graph, claim.outputs[0]).type
+        t = t.with_dtype(acc_dtype(t.dtype))
+        return [("mu", t), ("z", t)]
+
+    def init(self, graph, claim, axis):
+        (_, t), _ = self.state(graph, claim, axis)
+        return [ops.fill(t, float("-inf"), as_="mu"), ops.fill(t, 0.0, as_="z")]
+
+    def update(self, graph, claim, axis, state, ins):
+        mu, z = state
+        x = ins[0]
+        mu2 = ops.maximum(mu, ops.max_(x, axis), as_="mu")
+        delta = ops.exp(ops.sub(mu, mu2), as_="delta")
+        z2 = ops.add(ops.mul(z, delta), ops.sum_(ops.exp(ops.sub(x, mu2)), axis), as_="z")
+        return [mu2, z2]
+
+    def finalize(self, graph, claim, axis, state):
+        mu, z = state
+        return [ops.add(mu, ops.log(z), as_=ob(graph, claim.outputs[0]).name)]

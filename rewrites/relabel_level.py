@@ -1,0 +1,51 @@
+"""Level relabelling: move a group's arrays to a lower memory level.
+
+Matches: one group box.  Parameters: ``level``, strictly below the group's
+current level in gmem → l2 → smem → registers.  The function never changes
+(paper: "resources by relabelling"); only where the arrays live, hence the
+cost.  Proof: proofs/relabel_level.py (the semantics ignores levels).
+"""
+from __future__ import annotations
+
+from discopy import markov
+
+from napkin.errors import RuleError
+from napkin.ir import ops as op_order, to_diagram, to_graph
+from napkin.op import make_op
+from napkin.region import Site, body_at, replace_at
+from napkin.streamed import Group
+from rewrites.base import Rule
+from rewrites.group_partition import LEVELS
+
+
+class RelabelLevel(Rule):
+    name = "relabel_level"
+    summary = "move a group's arrays to a lower memory level (the meaning is unchanged)"
+    proof = "proofs.relabel_level"
+
+    def _find(self, program, site, params):
+        g = to_graph(body_at(program, site.path))
+        order = op_order(g)
+        if len(site.ops) != 1 or not 0 <= site.ops[0] < len(order):
+            raise RuleError("relabel_level applies at one group box (a site of one op)")
+        n = order[site.ops[0]]
+        spec = g.nodes[n]["box"].data
+        if spec.kind != "group":
+            raise RuleError(f"relabel_level: {g.nodes[n]['box'].name} is not a group")
+        level = params.get("level")
+        if level not in LEVELS:
+            raise RuleError(f"relabel_level: unknown level {level!r}; known: {', '.join(LEVELS)}")
+        if LEVELS.index(level) <= LEVELS.index(spec.level):
+            raise RuleError(f"relabel_level: {level} is not below the group's level {spec.level}")
+        return g, n, spec, level
+
+    def check(self, program, site, params):
+        self._find(program, site, params)
+
+    def apply(self, program, site, params):
+        g, n, spec, level = self._find(program, site, params)
+        node = g.nodes[n]
+        dom = markov.Ty(*(g.nodes[v]["ob"] for v in node["ins"]))
+        node["box"] = make_op(Group(spec.axis, spec.size, spec.body, level), dom,
+                              [o.name for o in node["box"].cod.inside], node["box"].name)
+        return replace_at(program, site.path, to_diagram(g))

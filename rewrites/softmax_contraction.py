@@ -1,0 +1,69 @@
+"""Streamability of softmax-contraction (the attention core, FlashAttention).
+
+Claims: ``softmax`` over the axis whose output is used only by one contraction
+that sums over the axis (P·V).  State (μ, z, o) = (−∞, 0, 0); per chunk of
+scores x and the other contraction inputs v:
+μ′ = max(μ, max x); δ = exp(μ − μ′); z′ = δz + Σ exp(x − μ′);
+o′ = δo + Σ exp(x − μ′)·v; result o / z.  Proof: proofs/softmax_contraction.py.
+"""
+from __future__ import annotations
+
+from napkin import ops
+from rewrites.base import Claim, Streamability, acc_dtype, ob
+
+
+class SoftmaxContraction(Streamability):
+    name = "softmax_contraction"
+    summary = "softmax over the axis contracted over it: (μ, z, o) with rescale exp(μ − μ′)"
+    proof = "proofs.softmax_contraction"
+
+    def claims(self, graph, nodes, axis):
+        out, pool = [], set(nodes)
+        for n in nodes:
+            spec = graph.nodes[n]["box"].data
+            if spec.kind != "softmax" or spec.axis != axis:
+                continue
+            (p,) = graph.nodes[n]["outs"]
+            users = list(graph.successors(p))
+            if len(users) != 1 or p in graph.graph["outputs"] or users[0] not in pool:
+                continue
+            c = users[0]
+            cspec = graph.nodes[c]["box"].data
+            if cspec.kind != "contract" or axis in cspec.out or graph.nodes[c]["ins"].count(p) != 1:
+                continue
+            s_type = ob(graph, graph.nodes[n]["ins"][0]).type.without(axis)
+            o_type = ob(graph, graph.nodes[c]["outs"][0]).type
+            if not set(s_type.names) <= set(o_type.names):
+                continue  # the rescale δ must broadcast onto the output
+            others = [v for v in graph.nodes[c]["ins"] if v != p]
+            out.append(Claim(self, [n, c], [graph.nodes[n]["ins"][0], *others],
+                             list(graph.nodes[c]["outs"]),
+                             {"out": cspec.out, "port": graph.nodes[c]["ins"].index(p)}))
+        return out
+
+    def state(self, graph, claim, axis):
+        s = ob(graph, claim.inputs[0]).type.without(axis)
+        o = ob(graph, claim.outputs[0]).type
+        return [("mu", s.with_dtype(acc_dtype(s.dtype))), ("z", s.with_dtype(acc_dtype(s.dtype))),
+                ("o", o.with_dtype(acc_dtype(o.dtype)))]
+
+    def init(self, graph, claim, axis):
+        (_, ts), _, (_, to) = self.state(graph, claim, axis)
+        return [ops.fill(ts, float("-inf"), as_="mu"), ops.fill(ts, 0.0, as_="z"),
+                ops.fill(to, 0.0, as_="o")]
+
+    def update(self, graph, claim, axis, state, ins):
+        mu, z, o = state
+        x, others = ins[0], list(ins[1:])
+        mu2 = ops.maximum(mu, ops.max_(x, axis), as_="mu")
+        delta = ops.exp(ops.sub(mu, mu2), as_="delta")
+        p = ops.exp(ops.sub(x, mu2), as_="p")
+        z2 = ops.add(ops.mul(z, delta), ops.sum_(p, axis), as_="z")
+        args = others[:claim.data["port"]] + [p] + others[claim.data["port"]:]
+        pv = ops.contract(*args, out=list(claim.data["out"]), name="Σ p·v")
+        o2 = ops.add(ops.mul(o, delta), pv, as_="o")
+        return [mu2, z2, o2]
+
+    def finalize(self, graph, claim, axis, state):
+        mu, z, o = state
+        return [ops.div(o, z, as_=ob(graph, claim.outputs[0]).name)]

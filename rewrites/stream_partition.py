@@ -1,0 +1,184 @@
+"""Stream partition, with fusion: fold a region over chunks of an axis.
+
+Matches: a convex region of boxes.  Parameters: ``axis``, chunk size
+``chunk`` (an int or a symbol such as ``s_x``).
+
+Premise — the region is *streamable* over the axis (the fusion theorem as one
+mechanism): its boxes split into
+
+* **reductions** claimed by a streamability rule (sum/contraction, max,
+  logsumexp, mean, softmax-contraction, …): each brings an accumulator;
+* **pre** boxes woven over the axis and independent along it (pre-composition
+  and weaving keep streamability): replayed on every chunk;
+* **post** boxes that never see the axis (post-composition by a finaliser).
+
+and the axis is reduced inside the region (no output keeps it), no pre box
+depends on a reduction, no post box reads a value that still carries the axis.
+
+Replacement: one :class:`~napkin.streamed.Stream` box whose accumulator is
+the product of the claimed accumulators: init = their inits; update = pre
+boxes on the chunk, then each update; finalize = each finalize, then the post
+boxes.  Proof: proofs/stream_partition.py (fusion) and the proof of every
+streamability rule it uses.
+"""
+from __future__ import annotations
+
+from discopy import markov
+
+from napkin import ops
+from napkin.errors import RuleError
+from napkin.ir import ops as op_order, to_diagram, to_graph
+from napkin.op import make_op
+from napkin.region import Site, body_at, region, replace_at, splice
+from napkin.streamed import Stream, tile_symbol
+from napkin.trace import trace
+from rewrites.base import Rule, ob, size_param
+from rewrites.group_partition import mixing_reason
+
+
+def streamability_rules():
+    from rewrites import STREAMABILITY
+    return STREAMABILITY
+
+
+def analyse(graph, reg, axis):
+    """Split a region into claims, pre and post boxes; raise RuleError with the
+    failed premise otherwise.  Returns (claims, pre, post)."""
+    has = lambda v: ob(graph, v).type.has(axis)  # noqa: E731
+    label = reg.boxes()[-1].name if reg.nodes else "region"
+    if not any(has(v) for v in reg.inputs):
+        raise RuleError(f"cannot stream over {axis}: no input of the region carries axis {axis}")
+    for v in reg.outputs:
+        if has(v):
+            producer = next(iter(graph.predecessors(v)))
+            raise RuleError(
+                f"cannot stream {graph.nodes[producer]['box'].name} over {axis}: its output "
+                f"{ob(graph, v)} keeps axis {axis} (stream partition needs {axis} reduced inside "
+                f"the region)")
+    claims, taken = [], set()
+    for rule in streamability_rules():
+        for c in rule.claims(graph, [n for n in reg.nodes if n not in taken], axis):
+            claims.append(c)
+            taken.update(c.nodes)
+    pre, post = [], []
+    for n in reg.nodes:
+        if n in taken:
+            continue
+        box = graph.nodes[n]["box"]
+        touches = [v for v in graph.nodes[n]["ins"] + graph.nodes[n]["outs"] if has(v)]
+        if not touches:
+            post.append(n)
+            continue
+        why = mixing_reason(box, axis)
+        if why:
+            raise RuleError(f"cannot stream over {axis}: {why} and no streamability rule covers "
+                            f"it" + (" (softmax over an axis streams only when its output is "
+                                     f"contracted over that axis)" if box.data.kind == "softmax" else ""))
+        pre.append(n)
+    # Dependencies: pre boxes must be computable chunk by chunk.
+    reduced = {v for c in claims for v in c.outputs}
+    post_vals = {v for n in post for v in graph.nodes[n]["outs"]}
+    for n in pre:
+        for v in graph.nodes[n]["ins"]:
+            if v in reduced or v in post_vals:
+                raise RuleError(
+                    f"cannot stream over {axis}: {graph.nodes[n]['box'].name} needs "
+                    f"{ob(graph, v)}, which depends on a reduction over {axis}; no streamability "
+                    f"rule covers this (a factor without {axis} can be pulled out of a contraction "
+                    f"first: rule normalized_contraction)")
+    for n in post:
+        for v in graph.nodes[n]["ins"]:
+            if has(v):
+                raise RuleError(f"cannot stream over {axis}: {graph.nodes[n]['box'].name} reads "
+                                f"{ob(graph, v)} which still carries {axis}")
+    if not claims:
+        raise RuleError(f"cannot stream over {axis}: the region reduces {axis} with no "
+                        f"streamable reduction")
+    return claims, pre, post
+
+
+def _replay(graph, nodes, env):
+    """Re-record boxes on the current builder, re-inferring types."""
+    for n in nodes:
+        node = graph.nodes[n]
+        box = node["box"]
+        outs = ops.apply(box.data, *[env[v] for v in node["ins"]], name=box.name,
+                         out_names=[o.name for o in box.cod.inside])
+        env.update(zip(node["outs"], outs))
+
+
+def build_stream(graph, reg, axis, chunk, claims, pre, post):
+    has = lambda v: ob(graph, v).type.has(axis)  # noqa: E731
+    states = [c.rule.state(graph, c, axis) for c in claims]
+    flat = [s for st in states for s in st]
+    fixed = [v for v in reg.inputs if not has(v)]
+    chunked = [(ob(graph, v).name, ob(graph, v).type.resize(axis, chunk) if has(v) else ob(graph, v).type)
+               for v in reg.inputs]
+
+    def init():
+        return [x for c in claims for x in c.rule.init(graph, c, axis)]
+
+    def update(*args):
+        state, ins = list(args[:len(flat)]), args[len(flat):]
+        env = dict(zip(reg.inputs, ins))
+        _replay(graph, pre, env)
+        out, i = [], 0
+        for c, st in zip(claims, states):
+            out += c.rule.update(graph, c, axis, state[i:i + len(st)], [env[v] for v in c.inputs])
+            i += len(st)
+        return out
+
+    def finalize(*args):
+        state, rest = list(args[:len(flat)]), args[len(flat):]
+        env = dict(zip(fixed, rest))
+        i = 0
+        for c, st in zip(claims, states):
+            env.update(zip(c.outputs, c.rule.finalize(graph, c, axis, state[i:i + len(st)])))
+            i += len(st)
+        _replay(graph, post, env)
+        return [env[v] for v in reg.outputs]
+
+    rule = "+".join(dict.fromkeys(c.rule.name for c in claims))
+    return Stream(axis, chunk,
+                  trace(init, [], "init"),
+                  trace(update, flat + chunked, "update"),
+                  trace(finalize, flat + [(ob(graph, v).name, ob(graph, v).type) for v in fixed],
+                        "finalize"),
+                  rule)
+
+
+class StreamPartition(Rule):
+    name = "stream_partition"
+    summary = "stream an axis in chunks, folding an accumulator (fusion of pre/post boxes)"
+    proof = "proofs.stream_partition"
+
+    def _analyse(self, program, site, params):
+        axis = params.get("axis")
+        if not isinstance(axis, str):
+            raise RuleError("stream_partition needs a parameter axis (an axis name)")
+        body = body_at(program, site.path)
+        graph = to_graph(body)
+        reg = region(graph, site.ops)
+        return graph, reg, axis, analyse(graph, reg, axis)
+
+    def check(self, program, site, params):
+        self._analyse(program, site, params)
+
+    def apply(self, program, site, params):
+        graph, reg, axis, (claims, pre, post) = self._analyse(program, site, params)
+        chunk = size_param(params.get("chunk", str(tile_symbol("s", axis))))
+        spec = build_stream(graph, reg, axis, chunk, claims, pre, post)
+        dom = markov.Ty(*(ob(graph, v) for v in reg.inputs))
+        box = make_op(spec, dom, [ob(graph, v).name for v in reg.outputs], f"stream {axis}")
+        return replace_at(program, site.path, to_diagram(splice(reg, box)))
+
+    def candidates(self, program, path=()):
+        """Whole-body sites, for every axis that some input carries and no output keeps."""
+        body = body_at(program, path)
+        graph = to_graph(body)
+        order = op_order(graph)
+        outs = {a for v in graph.graph["outputs"] for a in ob(graph, v).type.names}
+        axes = dict.fromkeys(a for v in graph.graph["inputs"] for a in ob(graph, v).type.names)
+        for axis in axes:
+            if axis not in outs:
+                yield Site(tuple(path), tuple(range(len(order)))), {"axis": axis}
