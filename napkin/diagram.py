@@ -30,9 +30,11 @@ def check_composable(left: markov.Diagram, right: markov.Diagram) -> None:
             f"but {_first_name(right)} expects {len(rd)} ({describe(right.dom)})")
     for out, inp in zip(lc, rd):
         if out != inp:
+            a, b = str(out), str(inp)
+            if a.partition("[")[2] == b.partition("[")[2]:  # same axis names: show sizes
+                a, b = _long(out), _long(inp)
             raise CompositionError(
-                f"cannot compose: {_name(left)} outputs {_long(out)} "
-                f"but {_first_name(right)} expects {_long(inp)}")
+                f"cannot compose: {_name(left)} outputs {a} but {_first_name(right)} expects {b}")
 
 
 def _first_name(d) -> str:

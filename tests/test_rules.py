@@ -1,0 +1,161 @@
+"""Rules: each applies where its premises hold, says why where they don't,
+and the rewritten program means the same as the algorithm."""
+import numpy as np
+import pytest
+
+import napkin as nk
+from napkin.errors import RuleError
+from napkin.ir import ops as op_order, to_graph
+from napkin.library import get
+from napkin.region import Site, body_at
+from rewrites import RULES, STREAMABILITY
+
+group, stream = RULES["group_partition"], RULES["stream_partition"]
+
+
+def whole(program, path=()):
+    return Site(tuple(path), tuple(range(len(op_order(to_graph(body_at(program, path)))))))
+
+
+def derive(name, steps):
+    p = get(name).diagram()
+    for rule, path, params in steps:
+        site = whole(p, path) if "ops" not in params else Site(tuple(path), params.pop("ops"))
+        p = RULES[rule].apply(p, site, dict(params))
+    return p
+
+
+def check(name, program, sizes, tiles, seed=0, scale=1.0):
+    alg = get(name)
+    xs = alg.sample(np.random.default_rng(seed), sizes, scale=scale)
+    out, ref = np.asarray(nk.evaluate(program, tiles)(*xs)), np.asarray(alg.reference(*xs))
+    assert np.isfinite(out).all()
+    np.testing.assert_allclose(out, ref, rtol=1e-9, atol=1e-9 * np.abs(ref).max())
+
+
+FLASH = [("group_partition", (), {"axis": "q"}), ("stream_partition", (0,), {"axis": "x"})]
+
+
+@pytest.mark.parametrize("name", ["attention", "causal_attention", "sliding_window_attention",
+                                  "softcap_attention"])
+@pytest.mark.parametrize("tiles", [dict(g_q=4, s_x=3), dict(g_q=1, s_x=1), dict(g_q=64, s_x=64)])
+def test_flash_attention_derivation_is_exact(name, tiles):
+    p = derive(name, FLASH)
+    check(name, p, dict(q=11, x=13, d=4), tiles)
+    check(name, p, dict(q=9, x=9, d=3), tiles, seed=1, scale=40.0)  # large logits
+
+
+def test_flash_attention_uses_softmax_contraction_accumulator():
+    p = derive("attention", FLASH)
+    (g,) = [b for b in p.boxes if getattr(b, "data", None) is not None and b.data.kind == "group"]
+    (s,) = [b for b in g.data.body.boxes if getattr(b, "data", None) is not None]
+    assert s.data.kind == "stream" and s.data.rule == "softmax_contraction"
+    assert [ob.name for ob in s.data.init.cod.inside] == ["mu", "z", "o"]
+    # nothing of size q×x leaves the group: the stream's outputs lack x
+    assert all(not ob.type.has("x") for ob in s.cod.inside)
+
+
+@pytest.mark.parametrize("name,steps,sizes,tiles", [
+    ("matmul", [("group_partition", (), {"axis": "a"}), ("group_partition", (0,), {"axis": "c"}),
+                ("stream_partition", (0, 0), {"axis": "b"})], dict(a=7, b=9, c=5), dict(g_a=3, g_c=2, s_b=4)),
+    ("batched_matmul", [("group_partition", (), {"axis": "batch", "size": 1}),
+                        ("stream_partition", (0,), {"axis": "b"})], dict(batch=2, a=3, b=7, c=2), dict(s_b=3)),
+    ("mha", [("group_partition", (), {"axis": "h"}), ("group_partition", (0,), {"axis": "q"}),
+             ("stream_partition", (0, 0), {"axis": "x"})], dict(h=3, q=5, x=7, d=3), dict(g_h=2, g_q=2, s_x=3)),
+    ("gqa", [("head_grouping", (), {"axis": "k"}), ("group_partition", (0,), {"axis": "q"}),
+             ("stream_partition", (0, 0), {"axis": "x"})], dict(k=2, r=4, q=5, x=7, d=3), dict(g_q=2, s_x=3)),
+    ("mqa", [("group_partition", (), {"axis": "q"}), ("stream_partition", (0,), {"axis": "x"})],
+     dict(h=4, q=5, x=7, d=3), dict(g_q=2, s_x=3)),
+    ("logsumexp", [("stream_partition", (), {"axis": "v"})], dict(n=3, v=11), dict(s_v=4)),
+    ("cross_entropy", [("group_partition", (), {"axis": "n"}), ("stream_partition", (0,), {"axis": "v"})],
+     dict(n=5, v=11), dict(g_n=2, s_v=4)),
+    ("linear_cross_entropy", [("group_partition", (), {"axis": "n"}),
+                              ("stream_partition", (0,), {"axis": "v"})], dict(n=5, v=11, d=3), dict(g_n=2, s_v=4)),
+    ("rmsnorm_matmul", [("normalized_contraction", (), {"ops": (6,)}),
+                        ("group_partition", (), {"axis": "n"}), ("stream_partition", (0,), {"axis": "d"})],
+     dict(n=5, d=11, e=3), dict(g_n=2, s_d=4)),
+])
+def test_derivations_are_exact(name, steps, sizes, tiles):
+    check(name, derive(name, steps), sizes, tiles)
+
+
+def test_symbolic_tiles_need_values():
+    p = derive("attention", FLASH)
+    alg = get("attention")
+    xs = alg.sample(np.random.default_rng(0), dict(q=3, x=3, d=2))
+    with pytest.raises(nk.NapkinError, match="tile size g_q has no value"):
+        nk.evaluate(p)(*xs)
+
+
+@pytest.mark.parametrize("name,rule,path,params,msg", [
+    ("softmax", "stream_partition", (), {"axis": "v"},
+     "cannot stream softmax_v over v: its output P[n,v] keeps axis v (stream partition needs v reduced"),
+    ("attention", "stream_partition", (), {"axis": "q"}, "its output O[q,d] keeps axis q"),
+    ("attention", "stream_partition", (), {"axis": "z"}, "no input of the region carries axis z"),
+    ("attention", "group_partition", (), {"axis": "x"}, "cannot group x: softmax_x mixes entries along axis x"),
+    ("attention", "group_partition", (), {"axis": "d"}, "cannot group d: QK^T is not woven over d"),
+    ("rmsnorm_matmul", "stream_partition", (), {"axis": "d"}, "depends on a reduction over d"),
+    ("attention", "head_grouping", (), {"axis": "q"}, "no query-head axis is broadcast"),
+    ("attention", "group_partition", (), {}, "needs a parameter axis"),
+])
+def test_rules_say_why_they_do_not_apply(name, rule, path, params, msg):
+    p = get(name).diagram()
+    with pytest.raises(RuleError) as e:
+        RULES[rule].apply(p, whole(p, path), params)
+    assert msg in str(e.value)
+
+
+def test_softmax_alone_inside_a_group_is_still_not_streamable():
+    p = derive("attention", [("group_partition", (), {"axis": "q"})])
+    body = body_at(p, (0,))
+    ops = op_order(to_graph(body))
+    # only QK^T, scale and softmax: the softmax output leaves the region
+    with pytest.raises(RuleError, match="keeps axis x"):
+        stream.apply(p, Site((0,), tuple(range(len(ops) - 1))), {"axis": "x"})
+
+
+def test_sites_are_checked():
+    p = get("attention").diagram()
+    with pytest.raises(RuleError, match="site names op #9"):
+        group.apply(p, Site((), (0, 9)), {"axis": "q"})
+    with pytest.raises(RuleError, match="not a group"):
+        stream.apply(p, Site((0,), (0,)), {"axis": "x"})
+    with pytest.raises(RuleError, match="not convex"):
+        # QK^T and softmax without the scale between them
+        group.apply(p, Site((), (0, 2)), {"axis": "q"})
+
+
+def test_relabel_level_moves_down_only():
+    p = derive("attention", [("group_partition", (), {"axis": "q"})])
+    lower = RULES["relabel_level"].apply(p, Site((), (0,)), {"level": "registers"})
+    (g,) = [b for b in lower.boxes if getattr(b, "data", None) is not None]
+    assert g.data.level == "registers"
+    with pytest.raises(RuleError, match="not below"):
+        RULES["relabel_level"].apply(lower, Site((), (0,)), {"level": "smem"})
+
+
+def test_candidates_that_check_preserve_meaning():
+    p = get("attention").diagram()
+    proposals = list(group.candidates(p)) + list(stream.candidates(p))
+    applied = 0
+    for site, params in proposals:
+        for r in (group, stream):
+            if _applies(r, p, site, params):
+                new = r.apply(p, site, params)
+                tiles = {f"{k}_{params['axis']}": 2 for k in ("g", "s")}
+                check("attention", new, dict(q=5, x=6, d=3), tiles)
+                applied += 1
+    assert applied >= 3  # group q (whole), group x/d (sub-regions), ...
+
+
+def _applies(rule, p, site, params):
+    try:
+        rule.check(p, site, params)
+        return True
+    except RuleError:
+        return False
+
+
+def test_streamability_rules_have_proofs_named():
+    for r in [*RULES.values(), *STREAMABILITY]:
+        assert r.proof.startswith("proofs.") and r.summary
