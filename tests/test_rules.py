@@ -38,11 +38,11 @@ FLASH = [("group_partition", (), {"axis": "q"}), ("stream_partition", (0,), {"ax
 
 @pytest.mark.parametrize("name", ["attention", "causal_attention", "sliding_window_attention",
                                   "softcap_attention"])
-@pytest.mark.parametrize("tiles", [dict(g_q=4, s_x=3), dict(g_q=1, s_x=1), dict(g_q=64, s_x=64)])
+@pytest.mark.parametrize("tiles", [dict(g_q=4, s_x=3), dict(g_q=2, s_x=1), dict(g_q=64, s_x=64)])
 def test_flash_attention_derivation_is_exact(name, tiles):
     p = derive(name, FLASH)
-    check(name, p, dict(q=11, x=13, d=4), tiles)
-    check(name, p, dict(q=9, x=9, d=3), tiles, seed=1, scale=40.0)  # large logits
+    check(name, p, dict(q=7, x=9, d=4), tiles)
+    check(name, p, dict(q=5, x=5, d=3), tiles, seed=1, scale=40.0)  # large logits
 
 
 def test_flash_attention_uses_softmax_contraction_accumulator():
@@ -61,11 +61,11 @@ def test_flash_attention_uses_softmax_contraction_accumulator():
     ("batched_matmul", [("group_partition", (), {"axis": "batch", "size": 1}),
                         ("stream_partition", (0,), {"axis": "b"})], dict(batch=2, a=3, b=7, c=2), dict(s_b=3)),
     ("mha", [("group_partition", (), {"axis": "h"}), ("group_partition", (0,), {"axis": "q"}),
-             ("stream_partition", (0, 0), {"axis": "x"})], dict(h=3, q=5, x=7, d=3), dict(g_h=2, g_q=2, s_x=3)),
+             ("stream_partition", (0, 0), {"axis": "x"})], dict(h=3, q=5, x=7, d=3), dict(g_h=2, g_q=4, s_x=4)),
     ("gqa", [("head_grouping", (), {"axis": "k"}), ("group_partition", (0,), {"axis": "q"}),
-             ("stream_partition", (0, 0), {"axis": "x"})], dict(k=2, r=4, q=5, x=7, d=3), dict(g_q=2, s_x=3)),
+             ("stream_partition", (0, 0), {"axis": "x"})], dict(k=2, r=4, q=5, x=7, d=3), dict(g_q=4, s_x=4)),
     ("mqa", [("group_partition", (), {"axis": "q"}), ("stream_partition", (0,), {"axis": "x"})],
-     dict(h=4, q=5, x=7, d=3), dict(g_q=2, s_x=3)),
+     dict(h=4, q=5, x=7, d=3), dict(g_q=4, s_x=4)),
     ("logsumexp", [("stream_partition", (), {"axis": "v"})], dict(n=3, v=11), dict(s_v=4)),
     ("cross_entropy", [("group_partition", (), {"axis": "n"}), ("stream_partition", (0,), {"axis": "v"})],
      dict(n=5, v=11), dict(g_n=2, s_v=4)),
