@@ -219,7 +219,8 @@ class Map(Spec):
     def label(self):
         if self.param is None:
             return self.fn
-        return f"{self.fn}({self.param})"
+        p = self.param
+        return f"{self.fn}({float(p):g})" if p.is_Number else f"{self.fn}({p})"
 
 
 BINARY = {"add": "add", "sub": "subtract", "mul": "multiply", "div": "divide",

@@ -1,0 +1,132 @@
+"""The napkin command line, run in-process (and once as a subprocess)."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from napkin import cli
+from napkin.library import LIBRARY
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(capsys, *argv):
+    rc = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def assert_one_error_line(err):
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("napkin: error: ")
+    assert "Traceback" not in err and "usage:" not in err
+
+
+def test_algorithms_lists_library(capsys):
+    rc, out, err = run(capsys, "algorithms")
+    assert rc == 0 and err == ""
+    lines = out.strip().splitlines()
+    assert [ln.split()[0] for ln in lines] == list(LIBRARY)
+    by_name = {ln.split()[0]: ln for ln in lines}
+    assert "Q[q,d] @ K[x,d] @ V[x,d] -> O[q,d]" in by_name["attention"]
+    assert LIBRARY["attention"].summary in by_name["attention"]
+    # aligned: every signature starts in the same column
+    starts = {ln.index(ln.split()[1], len(ln.split()[0])) for ln in lines}
+    assert len(starts) == 1
+
+
+def test_draw_writes_file(capsys, tmp_path):
+    target = tmp_path / "att.svg"
+    rc, out, err = run(capsys, "draw", "attention", "-o", str(target))
+    assert rc == 0 and err == ""
+    assert out.strip() == str(target)
+    text = target.read_text()
+    assert "Q[q,d]" in text and "QK^T" in text
+
+
+def test_draw_default_path_and_dtype(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    rc, out, _ = run(capsys, "draw", "matmul", "--dtype", "bfloat16")
+    assert rc == 0 and out.strip() == "matmul.png"
+    assert (tmp_path / "matmul.png").stat().st_size > 1000
+
+
+def test_unknown_algorithm_did_you_mean(capsys, tmp_path):
+    rc, out, err = run(capsys, "draw", "atention", "-o", str(tmp_path / "x.png"))
+    assert rc == 2 and out == ""
+    assert_one_error_line(err)
+    assert "did you mean attention" in err
+    assert not (tmp_path / "x.png").exists()
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["frobnicate"], ["unknown command", "algorithms", "draw"]),
+    (["drow", "attention"], ["did you mean draw"]),
+    ([], ["no command"]),
+    (["draw"], ["ALGO"]),
+    (["draw", "attention", "--bogus"], ["--bogus"]),
+    (["algorithms", "extra"], ["extra"]),
+    (["draw", "attention", "--dtype", "float7"], ["dtype", "float7"]),
+    (["draw", "attention", "-o", "a.pdf"], [".pdf", ".png", ".svg"]),
+])
+def test_errors_are_one_line_exit_2(capsys, argv, words):
+    rc, out, err = run(capsys, *argv)
+    assert rc == 2 and out == ""
+    assert_one_error_line(err)
+    for w in words:
+        assert w in err
+
+
+def test_version_and_help(capsys):
+    rc, out, _ = run(capsys, "--version")
+    assert rc == 0 and out.startswith("napkin ")
+    rc, out, _ = run(capsys, "--help")
+    assert rc == 0
+    for name in cli.COMMANDS:
+        assert name in out
+    rc, out, _ = run(capsys, "draw", "--help")
+    assert rc == 0 and "--dtype" in out
+
+
+def test_a_new_subcommand_slots_in(capsys, monkeypatch):
+    monkeypatch.setattr(cli, "COMMANDS", dict(cli.COMMANDS))
+    seen = {}
+
+    @cli.command("echo", "repeat a word", cli.arg("word"), cli.arg("--times", type=int, default=1))
+    def _echo(args):
+        seen["args"] = args
+        print(" ".join([args.word] * args.times))
+
+    rc, out, _ = run(capsys, "echo", "hi", "--times", "2")
+    assert rc == 0 and out == "hi hi\n"
+    rc, out, _ = run(capsys, "--help")
+    assert "echo" in out and "repeat a word" in out
+    rc, _, err = run(capsys, "echo", "hi", "--times", "x")
+    assert rc == 2
+    assert_one_error_line(err)
+
+
+def test_internal_error_is_one_line_exit_1(capsys, monkeypatch):
+    monkeypatch.setattr(cli, "COMMANDS", dict(cli.COMMANDS))
+
+    @cli.command("boom", "fail")
+    def _boom(args):
+        raise RuntimeError("kaboom\nsecond line")
+
+    rc, _, err = run(capsys, "boom")
+    assert rc == 1
+    assert len(err.strip().splitlines()) == 1
+    assert err.startswith("napkin: internal error: RuntimeError: kaboom second line")
+    with pytest.raises(RuntimeError):
+        cli.main(["--traceback", "boom"])
+
+
+def test_python_dash_m(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-m", "napkin.cli", "algorithms"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "attention" in proc.stdout and "rmsnorm_matmul" in proc.stdout
