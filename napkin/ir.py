@@ -123,9 +123,15 @@ def to_diagram(graph: nx.DiGraph) -> Diagram:
         node = graph.nodes[n]
         remaining.subtract(node["ins"])
         keep = [v for v in live if remaining[v] > 0]
-        layers.append(wiring(live, keep + node["ins"], obs))
-        layers.append(Id(markov.Ty(*(obs(v) for v in keep))) @ node["box"])
-        live = keep + node["outs"]
+        # Put the box where its first input already is, so that a chain of
+        # boxes over adjacent wires needs no swaps.
+        first = min((live.index(v) for v in node["ins"]), default=len(live))
+        pos = sum(1 for v in keep if live.index(v) < first)
+        left, right = keep[:pos], keep[pos:]
+        layers.append(wiring(live, left + node["ins"] + right, obs))
+        layers.append(Id(markov.Ty(*(obs(v) for v in left))) @ node["box"]
+                      @ Id(markov.Ty(*(obs(v) for v in right))))
+        live = left + node["outs"] + right
     layers.append(wiring(live, list(outputs), obs))
     return Diagram.id(dom).then(*layers)
 
