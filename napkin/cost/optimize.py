@@ -1,0 +1,428 @@
+"""Tile sizes: the canonical form H*(M) = Σ α_t·M^(−β_t), the continuous optimum, and the
+integer optimum under each level's capacity and the hardware's divisibility rules.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import sympy
+
+from napkin.cost.model import Cost, CostError, _num, _sym_subs, bytes_per_value, cost as cost_of
+
+M_SYM = sympy.Symbol("M", positive=True)
+ZERO = sympy.Integer(0)
+
+
+# --------------------------------------------------------------------------- canonical form
+@dataclass(frozen=True)
+class Canonical:
+    """H*(M) at one level: the least transfers reachable with on-chip memory M, for large M.
+
+    ``terms``: [(α_t, β_t)], β = 0 first (traffic no tiling removes: compulsory reads and
+    writes), then by β.  ``tiles``: the continuous optimum of every tile symbol as a function
+    of M (symbols the transfers do not depend on sit at their minimum, 1).  ``memory``: the
+    leading part of the memory model the optimum saturates.  ``exact``: False when the
+    variable terms of H have different degrees (then the split into terms is approximate).
+    """
+    level: str
+    unit: str
+    terms: tuple
+    tiles: dict
+    memory: sympy.Expr
+    exact: bool = True
+
+    @property
+    def H(self) -> sympy.Expr:
+        return sum((a * M_SYM ** (-b) for a, b in self.terms), ZERO)
+
+    @property
+    def alpha_beta(self) -> list:
+        return [(a, b) for a, b in self.terms if b != 0]
+
+    def to_json(self, sizes: Mapping | None = None) -> list:
+        out = []
+        for a, b in self.terms:
+            row = {"alpha_expr": str(a), "beta": str(b), "beta_value": float(b)}
+            if sizes is not None:
+                try:
+                    row["alpha"] = _num(a, sizes)
+                except CostError:
+                    pass
+            out.append(row)
+        return out
+
+
+def _dominant(cands: list, tiles) -> sympy.Expr:
+    """The memory candidate that grows fastest in the tiles, then the largest at a sample point."""
+    if len(cands) == 1:
+        return cands[0]
+
+    def key(e):
+        e = sympy.expand(e)
+        deg = sympy.Poly(e, *tiles).total_degree() if tiles else 0
+        sample = e.subs({s: 1024 for s in e.free_symbols})
+        return (deg, float(sample))
+    return max(cands, key=key)
+
+
+def _degree(term, syms) -> sympy.Expr:
+    powers = term.as_powers_dict()
+    return sum((powers.get(s, 0) for s in syms), ZERO)
+
+
+@functools.lru_cache(maxsize=256)
+def _solve_unit(Hv: sympy.Expr, Mlead: sympy.Expr, syms: tuple):
+    """argmin Hv subject to Mlead = 1 (positive reals): {sym: value}."""
+    reals = {s: sympy.Symbol(f"_{s.name}", positive=True) for s in syms}
+    back = {v: k for k, v in reals.items()}
+    h, m = Hv.xreplace(reals), Mlead.xreplace(reals)
+    xs = [reals[s] for s in syms]
+    if len(xs) == 1:
+        sols = [{xs[0]: r} for r in sympy.solve(sympy.Eq(m, 1), xs[0])]
+    else:
+        lam = sympy.Symbol("_lam")
+        eqs = [sympy.diff(h, x) - lam * sympy.diff(m, x) for x in xs] + [m - 1]
+        sols = sympy.solve(eqs, xs + [lam], dict=True)
+    best = None
+    for sol in sols:
+        if any(x not in sol for x in xs):
+            continue
+        vals = [sol[x] for x in xs]
+        probe = {s: sympy.Integer(7) for e in vals for s in e.free_symbols}
+        if not all(sympy.N(v.subs(probe)).is_positive for v in vals):
+            continue
+        hv = sympy.simplify(h.subs(sol))
+        score = float(sympy.N(hv.subs({s: 7 for s in hv.free_symbols})))
+        if best is None or score < best[0]:
+            best = (score, {back[x]: sympy.simplify(sol[x]) for x in xs}, hv)
+    if best is None:
+        raise CostError(f"no positive optimum of {Hv} subject to {Mlead} = 1")
+    return best[1], best[2]
+
+
+def canonical_form(c: Cost, level: str | None = None, unit: str = "values") -> Canonical:
+    """Derive H*(M) = Σ α_t·M^(−β_t) from the cost model of a program.
+
+    Method: symbols the transfers do not depend on (stream chunks, extra group axes) take
+    their minimum (1); the memory keeps its leading homogeneous part (degree D in the
+    remaining tiles); each transfer term of degree −k scales as M^(−k/D) along the optimal
+    ray, so β = k/D, and α follows from the Lagrange conditions at M = 1.
+    """
+    level = level or c.main_level
+    if unit not in ("values", "bytes"):
+        raise CostError(f"unit must be 'values' or 'bytes', got {unit!r}")
+    H = (c.transfers if unit == "values" else c.transfers_bytes)[level]
+    cands = (c.memory_candidates if unit == "values" else c.memory_bytes_candidates)[level]
+    tiles = list(c.tiles)
+    TH = [t for t in tiles if t in H.free_symbols]
+    TM = [t for t in tiles if t not in TH]
+    mem = _dominant(cands, TH)
+    mins = {t: sympy.Integer(1) for t in TM}
+    Ms = sympy.expand(sympy.sympify(mem).subs(mins))
+    if not TH:
+        return Canonical(level, unit, ((sympy.expand(H), sympy.Integer(0)),), dict(mins), Ms)
+    poly = sympy.Poly(Ms, *TH)
+    D = poly.total_degree()
+    if D <= 0:
+        raise CostError(f"memory {mem} at {level} does not grow with the tiles {TH}")
+    Mlead = sympy.expand(sum((coef * sympy.Mul(*(t ** e for t, e in zip(TH, mon)))
+                              for mon, coef in poly.terms() if sum(mon) == D), ZERO))
+    const, groups = ZERO, {}
+    for term in sympy.Add.make_args(sympy.expand(H)):
+        k = -_degree(term, TH)
+        if k == 0:
+            const += term
+        else:
+            groups[k] = groups.get(k, ZERO) + term
+    exact = len(groups) == 1
+    kmin = min(groups)
+    unit_tiles, _ = _solve_unit(groups[kmin], Mlead, tuple(TH))
+    terms = [(sympy.factor(const), sympy.Integer(0))] if const != 0 else []
+    for k in sorted(groups):
+        alpha = sympy.factor(sympy.simplify(groups[k].subs(unit_tiles)))
+        terms.append((alpha, sympy.Rational(k) / D))
+    tile_exprs = {t: sympy.simplify(v * M_SYM ** sympy.Rational(1, D))
+                  for t, v in unit_tiles.items()}
+    tile_exprs.update(mins)
+    return Canonical(level, unit, tuple(terms), tile_exprs, Mlead, exact)
+
+
+# --------------------------------------------------------------------------- the optimum
+@dataclass
+class Tiles:
+    """The chosen tile sizes of a program on a hardware profile, with the figures behind them.
+
+    Integer optimum: ``values`` ({"g_q": 128, ...}) minimising ``objective`` over the
+    candidate grid (multiples of each tile's divisibility LCM, times powers of two, up to the
+    axis size) among the points that fit every level; its ``transfers`` (values at the main
+    level), ``transfers_bytes``, ``memory_bytes`` per level, ``time_s``, ``bound_by``.
+    Continuous optimum: ``continuous`` tiles (floats, along the optimal ray, fitted to the
+    capacity with every other tile at its minimum multiple), ``continuous_expr`` (functions of
+    M), ``transfers_continuous`` (values).  Canonical form: ``canonical``; lower bound:
+    ``lower_bound`` (values) and ``lower_bound_ratio`` = transfers / lower_bound.
+    """
+    values: dict
+    objective: str
+    level: str
+    feasible: bool
+    transfers: float
+    transfers_bytes: float
+    memory_bytes: dict
+    time_s: float
+    bound_by: str | None
+    capacity_values: float
+    multiples: dict
+    candidates: dict
+    evaluated: int
+    continuous: dict = field(default_factory=dict)
+    continuous_expr: dict = field(default_factory=dict)
+    transfers_continuous: float | None = None
+    canonical: Canonical | None = None
+    lower_bound: float | None = None
+    lower_bound_expr: sympy.Expr | None = None
+    lower_bound_ratio: float | None = None
+    lower_bound_ratio_continuous: float | None = None
+
+    def to_json(self, sizes: Mapping | None = None) -> dict:
+        return {
+            "values": dict(self.values), "objective": self.objective, "level": self.level,
+            "feasible": self.feasible, "transfers": self.transfers,
+            "transfers_bytes": self.transfers_bytes, "memory_bytes": dict(self.memory_bytes),
+            "time_s": self.time_s, "bound_by": self.bound_by,
+            "capacity_values": self.capacity_values, "multiples": dict(self.multiples),
+            "evaluated": self.evaluated,
+            "continuous": dict(self.continuous),
+            "continuous_expr": {k: str(v) for k, v in self.continuous_expr.items()},
+            "transfers_continuous": self.transfers_continuous,
+            "alpha_beta": self.canonical.to_json(sizes) if self.canonical else None,
+            "lower_bound": self.lower_bound,
+            "lower_bound_expr": (None if self.lower_bound_expr is None
+                                 else str(self.lower_bound_expr)),
+            "lower_bound_ratio": self.lower_bound_ratio,
+            "lower_bound_ratio_continuous": self.lower_bound_ratio_continuous,
+        }
+
+
+def candidates(full: int, multiple: int, power_of_two: bool = True, limit: int = 64) -> list:
+    """Tile sizes to try: multiple·2^k (or every multiple) up to ``full``, plus ``full``."""
+    full = int(full)
+    if multiple >= full:
+        return [full]
+    if power_of_two:
+        out, v = [], multiple
+        while v <= full:
+            out.append(v)
+            v *= 2
+    else:
+        out = list(range(multiple, full + 1, multiple))
+        if len(out) > limit:  # keep it small: a geometric subset
+            idx = sorted({round(i) for i in np.geomspace(1, len(out), limit)})
+            out = [out[i - 1] for i in idx]
+    if full % multiple == 0 and full not in out:
+        out.append(full)
+    return out
+
+
+def _ref_bytes(c: Cost) -> int:
+    """Bytes per value used to turn a capacity in bytes into values (uniform dtype: exact)."""
+    if isinstance(c.dtype, str):
+        return bytes_per_value(c.dtype)
+    return max(bytes_per_value(c.dtype.get(ob.name, ob.type.dtype) if isinstance(c.dtype, Mapping)
+                               else ob.type.dtype) for ob in c.program.dom.inside)
+
+
+class Grid:
+    """Every candidate tiling of a program, evaluated once (numpy over the whole grid)."""
+
+    def __init__(self, c: Cost, sizes: Mapping, *, level: str | None = None,
+                 power_of_two: bool = True, multiples: Mapping | None = None):
+        self.c, self.sizes = c, dict(sizes)
+        self.level = level or c.main_level
+        sizes = self.sizes
+        self.free = free = [t for t in c.tiles if t.name not in sizes]
+        self.mult, self.cands = {}, {}
+        upper = {}  # each tile's largest value: its axis size, outer tiles at their largest
+        for _ in range(len(free) + 1):
+            for t in free:
+                if t.name not in upper:
+                    try:
+                        upper[t.name] = _num(c.tiles[t].full, {**sizes, **upper})
+                    except CostError:
+                        pass
+        for t in free:
+            info = c.tiles[t]
+            if t.name not in upper:
+                _num(info.full, {**sizes, **upper})  # raises: names the missing size
+            m = math.lcm(info.multiple, int((multiples or {}).get(t.name, 1)))
+            self.mult[t.name] = m
+            self.cands[t.name] = candidates(upper[t.name], m, power_of_two)
+        grids = np.meshgrid(*[np.array(self.cands[t.name], dtype=float) for t in free],
+                            indexing="ij") if free else []
+        self.flat = [g.ravel() for g in grids]
+        self.n = self.flat[0].size if self.flat else 1
+        self.nested_ok = np.ones(self.n, bool)  # a tile inside a tile of the same axis fits it
+        for j, t in enumerate(free):
+            if set(c.tiles[t].full.free_symbols) & set(free):
+                self.nested_ok &= self.flat[j] <= self.ev(c.tiles[t].full)
+        hw = c.hardware
+        tb, tv = c.transfers_bytes, c.transfers
+        times = [self.ev(tb[lv]) / hw.level(lv).bandwidth_bytes_per_s for lv in c.levels[1:]]
+        self.labels = list(c.levels[1:])
+        for unit, e in c.compute_times().items():
+            times.append(self.ev(e))
+            self.labels.append(f"compute:{unit}")
+        T = np.stack(times)
+        self.transfer_time = T[:len(c.levels) - 1].sum(axis=0)
+        self.time = T.max(axis=0)
+        self.which = T.argmax(axis=0)
+        self.Hv = self.ev(tv[self.level])
+        self.Hb = self.ev(tb[self.level])
+        self.mem = {lv: np.max(np.stack([self.ev(e) for e in c.memory_bytes_candidates[lv]]),
+                               axis=0)
+                    for lv in c.levels[1:]}
+        self.memsum = sum(self.mem.values())
+
+    def ev(self, expr) -> np.ndarray:
+        e = _sym_subs(expr, self.sizes)
+        missing = e.free_symbols - set(self.free)
+        if missing:
+            raise CostError(f"no size for {', '.join(sorted(map(str, missing)))} "
+                            f"(give it in sizes)")
+        if not self.free or not (e.free_symbols & set(self.free)):
+            return np.full(self.n, float(e))
+        return np.broadcast_to(np.asarray(sympy.lambdify(self.free, e, "numpy")(*self.flat),
+                                          dtype=float), (self.n,))
+
+    def feasible(self, capacity: Mapping | None = None) -> np.ndarray:
+        ok = self.nested_ok.copy()
+        for lv in self.c.levels[1:]:
+            cap = (capacity or {}).get(lv, self.c.hardware.level(lv).capacity_bytes)
+            if cap is not None:
+                ok &= self.mem[lv] <= cap
+        return ok
+
+    def best(self, objective: str = "time", capacity: Mapping | None = None):
+        """(index, feasible): the optimum among the points that fit (else the smallest)."""
+        ok = self.feasible(capacity)
+        if not ok.any():
+            return int(np.argmin(self.memsum)), False
+        pick = np.where(ok)[0]
+        prim, sec = ((self.time, self.transfer_time) if objective == "time"
+                     else (self.Hv, self.time))
+        p = prim[pick]
+        pr = np.round(p / max(p.min(), 1e-300), 9)
+        order = np.lexsort((self.memsum[pick], sec[pick], pr))
+        return int(pick[order[0]]), True
+
+    def values(self, i: int) -> dict:
+        out = {t.name: int(round(self.flat[j][i])) for j, t in enumerate(self.free)}
+        out.update({t.name: int(self.sizes[t.name]) for t in self.c.tiles if t.name in self.sizes})
+        return out
+
+
+def optimize_tiles(program, hardware=None, sizes: Mapping | None = None, dtype=None, *,
+                   objective: str = "time", level: str | None = None,
+                   power_of_two: bool = True, capacity: Mapping | None = None,
+                   multiples: Mapping | None = None, intermediates: bool = True,
+                   grid: Grid | None = None) -> Tiles:
+    """Choose tile sizes for ``program`` (a diagram or a :class:`Cost`) on ``hardware``.
+
+    ``sizes``: axis sizes by name ({"q": 4096, ...}); tile symbols given here stay fixed.
+    ``objective``: "time" (roofline; ties broken by the summed transfer time of all levels,
+    then memory) or "transfers"
+    (values moved at ``level``, the main level by default; ties broken by time, then memory).
+    ``capacity``: bytes per level overriding the profile; ``multiples``: extra divisibility
+    {tile name: multiple}, combined by LCM with what the model derived.
+    """
+    c = program if isinstance(program, Cost) else cost_of(program, hardware, dtype,
+                                                         intermediates=intermediates)
+    if objective not in ("time", "transfers"):
+        raise CostError(f"objective must be 'time' or 'transfers', got {objective!r}")
+    g = grid or Grid(c, sizes or {}, level=level, power_of_two=power_of_two, multiples=multiples)
+    level = g.level
+    best, feasible = g.best(objective, capacity)
+    hw = c.hardware
+    cap_level = (capacity or {}).get(level, hw.level(level).capacity_bytes)
+    out = Tiles(values=g.values(best), objective=objective, level=level, feasible=feasible,
+                transfers=float(g.Hv[best]), transfers_bytes=float(g.Hb[best]),
+                memory_bytes={lv: float(g.mem[lv][best]) for lv in g.mem},
+                time_s=float(g.time[best]), bound_by=g.labels[int(g.which[best])],
+                capacity_values=(cap_level or math.inf) / _ref_bytes(c), multiples=dict(g.mult),
+                candidates=dict(g.cands), evaluated=int(g.n))
+    _continuous(c, out, g.sizes, level, cap_level, g.mult)
+    return out
+
+
+def _continuous(c: Cost, out: Tiles, sizes, level, cap_bytes, mult):
+    """Fill the continuous optimum, canonical form and lower-bound ratios of ``out``."""
+    from napkin.cost.bounds import lower_bound
+    try:
+        canon = canonical_form(c, level, "values")
+    except (CostError, NotImplementedError, ValueError, TypeError) as e:  # pragma: no cover
+        out.canonical = None
+        out.continuous_expr = {"error": str(e)}
+        return
+    out.canonical = canon
+    out.continuous_expr = {t.name: e for t, e in canon.tiles.items()}
+    fixed = {k: v for k, v in sizes.items()}
+    if cap_bytes is None:
+        return
+    # the optimal ray g = ĝ·λ, other tiles at their minimum multiple; fit λ to the capacity
+    ray = {}
+    for t, e in canon.tiles.items():
+        if t.name in fixed:
+            continue
+        if M_SYM in e.free_symbols:
+            ray[t] = _sym_subs(e.subs(M_SYM, 1), fixed)
+        else:
+            ray[t] = None
+    mem_b = c.memory_bytes_candidates[level]
+
+    def point(lam):
+        p = dict(fixed)
+        for t, e in ray.items():
+            p[t.name] = float(e) * lam if e is not None else float(mult.get(t.name, 1))
+        return p
+
+    def used(lam):
+        p = point(lam)
+        return max(_num(e, p) for e in mem_b)
+    if ray and any(e is not None for e in ray.values()):
+        lo, hi = 1e-12, 1.0
+        while used(hi) < cap_bytes and hi < 1e30:
+            hi *= 2
+        for _ in range(200):
+            mid = math.sqrt(lo * hi)
+            lo, hi = (mid, hi) if used(mid) <= cap_bytes else (lo, mid)
+            if hi / lo < 1 + 1e-12:
+                break
+        p = point(lo)
+        out.continuous = {t.name: p[t.name] for t in ray}
+        out.transfers_continuous = _num(c.transfers[level], p)
+    lb = lower_bound(c, M_SYM)
+    out.lower_bound_expr = lb
+    try:
+        lbv = _num(lb.subs(M_SYM, out.capacity_values), sizes)
+    except CostError:
+        return
+    out.lower_bound = lbv
+    if lbv > 0:
+        out.lower_bound_ratio = out.transfers / lbv
+        if out.transfers_continuous is not None:
+            out.lower_bound_ratio_continuous = out.transfers_continuous / lbv
+
+
+def optimum_curve(c: Cost, sizes: Mapping, capacities_bytes, *, level: str | None = None,
+                  objective: str = "transfers", power_of_two: bool = True) -> list:
+    """Integer-optimal transfers (values at ``level``) for each capacity (bytes) of ``level``,
+    other levels at the profile's capacities: [(capacity_bytes, transfers or nan, tiles)]."""
+    g = Grid(c, sizes, level=level, power_of_two=power_of_two)
+    out = []
+    for cap in capacities_bytes:
+        i, ok = g.best(objective, {g.level: cap})
+        out.append((cap, float(g.Hv[i]) if ok else float("nan"), g.values(i)))
+    return out

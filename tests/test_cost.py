@@ -1,0 +1,234 @@
+"""The cost functor's conventions, one at a time (see the napkin.cost docstring)."""
+import json
+import math
+
+import pytest
+import sympy
+
+from napkin.cost import (
+    Cost, CostError, M_SYM, candidates, canonical_form, cost, optimize_tiles, optimum_curve,
+    plot_cost,
+)
+from napkin.flops import flops
+from napkin.hardware import get_hardware
+from napkin.ir import ops, to_graph
+from napkin.library import get
+from napkin.region import Site, body_at
+from rewrites import RULES
+
+S = lambda n: sympy.Symbol(n, integer=True, positive=True)  # noqa: E731
+a, b, c, q, x, d, n, v = (S(s) for s in "a b c q x d n v".split())
+g_a, g_c, s_b, g_q, s_x, g_n, s_v = (S(s) for s in "g_a g_c s_b g_q s_x g_n s_v".split())
+
+MATMUL = (("group_partition", (), {"axis": "a"}), ("group_partition", (0,), {"axis": "c"}),
+          ("stream_partition", (0, 0), {"axis": "b"}))
+ATTENTION = (("group_partition", (), {"axis": "q"}), ("stream_partition", (0,), {"axis": "x"}))
+H100_2 = get_hardware("h100").two_level()
+_PROGRAMS = {}
+
+
+def program(name, steps=()):
+    key = (name, repr(steps))
+    if key not in _PROGRAMS:
+        D = get(name).diagram()
+        for rule, path, params in steps:
+            n_ops = len(ops(to_graph(body_at(D, path))))
+            D = RULES[rule].apply(D, Site(path, tuple(range(n_ops))), dict(params))
+        _PROGRAMS[key] = D
+    return _PROGRAMS[key]
+
+
+def same(e1, e2):
+    diff = sympy.sympify(e1) - sympy.sympify(e2)
+    return sympy.expand(diff) == 0 or sympy.simplify(diff) == 0
+
+
+# ----------------------------------------------------------------------------- conventions
+def test_unpartitioned_boxes_are_kernels_of_their_own():
+    # top level: each box reads its inputs and writes its outputs once
+    mm = cost(program("matmul"), H100_2)
+    assert same(mm.transfers["smem"], a * b + b * c + a * c)
+    assert same(mm.memory["smem"], a * b + b * c + a * c)      # the whole operands on chip
+    assert same(mm.memory["gmem"], a * b + b * c + a * c)
+    att = cost(program("attention"), H100_2)
+    # Q,K read; S written, read, written (scale), read; P written, read; V read; O written
+    assert same(att.transfers["smem"], 2 * q * d + 2 * x * d + 6 * q * x)
+    assert att.tiles == {}
+    cf = canonical_form(att)
+    assert cf.terms == ((att.transfers["smem"], 0),)
+
+
+def test_top_level_stream_keeps_state_on_chip():
+    P = program("logsumexp", (("stream_partition", (), {"axis": "v"}),))
+    cst = cost(P, H100_2)
+    assert same(cst.transfers["smem"], n * v + n)               # L read once, l written once
+    # state (mu, z) + the current chunk + the live exp tile (the x - mu tile is fused)
+    assert same(cst.memory["smem"], 2 * n + 2 * n * s_v)
+    assert same(cost(P, H100_2, intermediates=False).memory["smem"], 2 * n + n * s_v)
+
+
+def test_all_groups_counted_and_broadcast_inputs_resent():
+    P = program("linear_cross_entropy", (("group_partition", (), {"axis": "n"}),
+                                         ("stream_partition", (0,), {"axis": "v"})))
+    cst = cost(P, H100_2)
+    ld = cst.loads["smem"]
+    assert same(ld["X"], n * d)                     # grouped input: once in all
+    assert same(ld["W"], d * v * n / g_n)           # lacks n: re-sent to each of n/g_n groups
+    assert same(ld["Y"], n * v)                     # streamed: each chunk once per group
+    assert same(cst.stores["smem"]["loss"], n)      # output written once
+
+
+def test_flops_agree_with_the_flops_functor():
+    for name, steps in (("matmul", MATMUL), ("attention", ATTENTION), ("attention", ()),
+                        ("rmsnorm_matmul", ())):
+        P = program(name, steps)
+        assert same(cost(P, H100_2).flops, flops(P)), name
+    by = cost(program("attention", ATTENTION), H100_2).flops_by_unit
+    assert same(by["tensor:f32"], 4 * q * x * d)   # QK^T and PV on tensor cores
+    assert same(by["sfu"], q * x + q * x / s_x)     # exp of scores and of the rescale
+
+
+def test_dtypes_price_bytes():
+    P = program("attention", ATTENTION)
+    f32 = cost(P, H100_2)
+    assert same(f32.transfers_bytes["smem"], 4 * f32.transfers["smem"])
+    mixed = cost(P, H100_2, {"Q": "fp8", "K": "fp8", "V": "f16"})
+    assert same(mixed.loads_bytes["smem"]["Q"], q * d)
+    assert same(mixed.loads_bytes["smem"]["V"], 2 * x * q * d / g_q)
+    assert same(mixed.stores_bytes["smem"]["O"], 4 * q * d)      # O keeps the program's f32
+    with pytest.raises(Exception, match="dtype"):
+        cost(P, H100_2, "f12")
+
+
+def test_state_is_f32_by_default_and_q_with_a_dtype():
+    P = program("attention", ATTENTION)
+    own = cost(P, H100_2, intermediates=False)
+    assert same(own.memory_bytes["smem"], 4 * own.memory["smem"])
+    f16 = cost(P, H100_2, "f16", intermediates=False)
+    assert same(f16.memory_bytes["smem"], 2 * f16.memory["smem"])
+
+
+def test_levels_pass_through_and_map():
+    P = program("attention", ATTENTION)
+    full = cost(P, "h100")
+    assert full.levels == ("gmem", "l2", "smem", "registers")
+    assert same(full.transfers["l2"], full.transfers["smem"])   # L2 passes SMEM's traffic on
+    assert full.transfers["registers"] == 0 and full.memory["l2"] == 0
+    assert full.main_level == "smem"
+    reg = RULES["relabel_level"].apply(P, Site((), (0,)), {"level": "registers"})
+    rc = cost(reg, "h100")
+    assert same(rc.transfers["registers"], rc.transfers["l2"]) and rc.memory["smem"] == 0
+    l2only = cost(P, get_hardware("h100").two_level("l2"))   # no smem level: lands at l2
+    assert same(l2only.transfers["l2"], full.transfers["smem"])
+
+
+def test_divisibility_multiples():
+    mm = cost(program("matmul", MATMUL), "h100", "f16")
+    m = {t.name: dict(i.multiples) for t, i in mm.tiles.items()}
+    assert m["g_a"] == {"mma_m": 64}
+    assert m["g_c"] == {"coalesce 128B": 64, "mma_n": 8}        # 128 B / 2 B; LCM 64
+    assert m["s_b"] == {"coalesce 128B": 64, "mma_k": 16}
+    assert mm.tiles[s_b].multiple == 64
+    at = cost(program("attention", ATTENTION), "h100", "fp8")
+    assert at.tiles[s_x].multiple == 32 and at.tiles[g_q].multiple == 64   # mma_k = 32 B / 1 B
+
+
+def test_time_roofline():
+    cst = cost(program("matmul", MATMUL), "h100", "f16")
+    ts = cst.time_s
+    assert isinstance(ts["total"], sympy.Max)
+    pt = {"a": 8192, "b": 8192, "c": 8192, "g_a": 128, "g_c": 256, "s_b": 64}
+    ev = cst.evaluate(pt)
+    t = ev["time_s"]
+    assert t["total"] == max(t["l2"], t["smem"], t["registers"], t["compute"])
+    assert t["serial"] >= t["total"]
+    assert math.isclose(t["compute"], 2 * 8192 ** 3 / 989e12, rel_tol=0.01)
+    # f16 intensity = g/2 FLOP/B for g x g tiles (no L2 reuse modelled): below the ridge
+    # (295 FLOP/B) the HBM hop bounds; SMEM-sized tiles (<= 256) are HBM-bound
+    assert ev["bound_by"] == "l2"
+    big = cst.evaluate({**pt, "g_a": 1024, "g_c": 1024})
+    assert big["bound_by"] == "compute:tensor"
+
+
+# ----------------------------------------------------------------------------- optimizer
+def test_candidates():
+    assert candidates(1024, 64) == [64, 128, 256, 512, 1024]
+    assert candidates(96, 32) == [32, 64, 96]
+    assert candidates(48, 64) == [48]                           # axis shorter than the multiple
+    assert candidates(256, 64, power_of_two=False) == [64, 128, 192, 256]
+
+
+def test_optimizer_respects_capacity_and_reports():
+    cst = cost(program("matmul", MATMUL), "h100", "f16")
+    sizes = {"a": 4096, "b": 4096, "c": 4096}
+    t = optimize_tiles(cst, sizes=sizes)
+    assert t.feasible and t.memory_bytes["smem"] <= 228 * 1024
+    assert all(t.values[k] % t.multiples[k] == 0 for k in t.values)
+    assert t.values["g_a"] == t.values["g_c"] == 256            # the largest square that fits
+    assert t.bound_by == "l2" and math.isclose(t.time_s, t.transfers_bytes / 3.35e12)
+    tiny = optimize_tiles(cst, sizes=sizes, capacity={"smem": 1024})
+    assert not tiny.feasible
+    fixed = optimize_tiles(cst, sizes={**sizes, "s_b": 128})
+    assert fixed.values["s_b"] == 128
+    js = json.loads(json.dumps(t.to_json(sizes)))
+    assert js["values"] == t.values and js["alpha_beta"][1]["beta"] == "1/2"
+    with pytest.raises(CostError, match="no value for c"):
+        optimize_tiles(cst, sizes={"a": 4096})
+
+
+def test_nested_tiles_fit_their_outer_tile():
+    P = program("attention", (("group_partition", (), {"axis": "q", "level": "l2"}),
+                              ("group_partition", (0,), {"axis": "q", "size": "w_q"}),
+                              ("stream_partition", (0, 0), {"axis": "x"})))
+    cst = cost(P, "h100", "f16")
+    assert str(cst.tiles[S("w_q")].full) == "g_q"
+    t = optimize_tiles(cst, sizes={"q": 8192, "x": 8192, "d": 128})
+    assert t.feasible and t.values["w_q"] <= t.values["g_q"]
+
+
+def test_optimum_curve_decreases_with_memory():
+    cst = cost(program("attention", ATTENTION), H100_2, "f16")
+    pts = optimum_curve(cst, {"q": 4096, "x": 4096, "d": 128}, [2 ** 15, 2 ** 17, 2 ** 19])
+    hs = [h for _, h, _ in pts]
+    assert hs[0] > hs[1] > hs[2]
+
+
+def test_canonical_form_values_and_bytes():
+    cst = cost(program("matmul", MATMUL), H100_2, "f16")
+    cv, cb = canonical_form(cst), canonical_form(cst, unit="bytes")
+    # bytes: 2 B per value moved and M_bytes = 2 M_values -> alpha x 2^(3/2)
+    assert same(cb.terms[1][0] / cv.terms[1][0], 2 * sympy.sqrt(2))
+    assert same(cv.H, a * c + 2 * a * b * c / sympy.sqrt(M_SYM))
+    with pytest.raises(CostError):
+        canonical_form(cst, unit="furlongs")
+
+
+# ----------------------------------------------------------------------------- reports
+def test_to_json():
+    cst = cost(program("attention", ATTENTION), "h100", "f16")
+    sizes = {"q": 4096, "x": 4096, "d": 128}
+    js = cst.to_json(sizes)
+    js = json.loads(json.dumps(js))                              # JSON-able
+    for key in ("transfers", "memory", "flops", "time_s", "tiles", "alpha_beta",
+                "lower_bound_ratio"):
+        assert key in js, key
+    assert js["tiles_source"] == "optimized"
+    assert js["tiles"]["g_q"]["value"] % 64 == 0
+    assert js["transfers"]["l2"]["expr"] == "2*d*q + 2*d*q*x/g_q"
+    assert js["memory"]["smem"]["fits"] is True
+    assert js["alpha_beta"][1]["beta"] == "1" and js["alpha_beta"][1]["alpha"] > 0
+    assert js["lower_bound_ratio"] >= 1
+    given = cst.to_json({**sizes, "g_q": 128, "s_x": 64})
+    assert given["tiles_source"] == "given" and given["tiles"]["g_q"]["value"] == 128
+
+
+def test_plot_cost(tmp_path):
+    path = plot_cost(program("matmul", MATMUL), "h100", {"a": 2048, "b": 2048, "c": 2048},
+                     tmp_path / "cost.png", "f16")
+    data = open(path, "rb").read()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+def test_cost_is_a_cost():
+    cst = cost(program("matmul", MATMUL), "a100")
+    assert isinstance(cst, Cost) and cst.hardware.name.startswith("A100")
