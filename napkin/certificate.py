@@ -1,0 +1,429 @@
+"""Derivation certificates: a replayable proof that a streamed program computes
+its algorithm.
+
+A certificate is the path a search (or a person) took: the algorithm it starts
+from, then one entry per rewrite — rule, site, parameters — each with the
+*fingerprint* of the program after that step.  The checker
+(:mod:`napkin.checker`) trusts none of it: it rebuilds the algorithm, re-checks
+every premise, re-applies every rule, recomputes every fingerprint and compares,
+then evaluates the final program against the algorithm and its reference.
+
+JSON format (``napkin-certificate/1``; keys sorted, 2-space indent)::
+
+    {
+      "format": "napkin-certificate/1",
+      "algorithm": "attention",            # a library name, or {"from": "FILE:NAME"}
+      "dtype": "f32",
+      "source": "<sha256>",                # fingerprint of the algorithm's diagram
+      "sizes": {"d": 64, "q": 192, "x": 256},   # numeric instance for the check
+      "tiles": {"g_q": 64, "s_x": 128},         # values of the tile symbols
+      "symbolic": ["d", "g_q", "q", "s_x", "x"],  # size symbols of the final program
+      "steps": [
+        {"rule": "group_partition", "site": {"path": [], "ops": [0, 1, 2, 3]},
+         "params": {"axis": "q", "size": "g_q"}, "result": "<sha256>"},
+        {"rule": "stream_partition", "site": {"path": [0], "ops": [0, 1, 2, 3]},
+         "params": {"axis": "x", "chunk": "s_x"}, "result": "<sha256>"}
+      ],
+      "result": "<sha256>"                 # fingerprint of the final program
+    }
+
+The derivation is symbolic: programs (and so fingerprints) carry symbolic axis
+and tile sizes, so one certificate covers every size; ``sizes`` and ``tiles``
+only instantiate the numeric cross-check.
+
+A *fingerprint* is the sha256 of a canonical text rendering of a program:
+input wire types, then boxes in the deterministic topological order of
+:func:`napkin.ir.ops` (spec kind and fields, argument wires, output wire
+types), recursing into group bodies and stream init/update/finalize, then the
+outputs.  Names of boxes and wires are labels and are left out.  Nothing in it
+depends on object ids, dict order or hash seeds.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.util
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import sympy
+
+from napkin.arrays import ArrayType, canonical_dtype
+from napkin.errors import NapkinError
+from napkin.ir import ops as op_order, to_graph
+from napkin.region import Site
+
+FORMAT = "napkin-certificate/1"
+
+
+class CertificateError(NapkinError):
+    """A certificate is malformed (not: wrong — that is the checker's report).
+    ``step``: the 1-based step whose entry is malformed, if one is."""
+
+    def __init__(self, message: str, step: int | None = None):
+        super().__init__(message)
+        self.step = step
+
+
+# ----------------------------------------------------------------------------- fingerprints
+def _is_diagram(value) -> bool:
+    return hasattr(value, "boxes") and hasattr(value, "dom") and hasattr(value, "cod")
+
+
+def _size(value) -> str:
+    if isinstance(value, bool):
+        raise TypeError(f"a size cannot be a bool: {value!r}")
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, sympy.Basic):
+        return sympy.srepr(value)
+    raise TypeError(f"cannot fingerprint a size {value!r} ({type(value).__name__})")
+
+
+def _type(t: ArrayType) -> str:
+    return "[" + ",".join(f"{a.name}:{_size(a.size)}" for a in t.axes) + "]" + t.dtype
+
+
+def _wire(ob, labels: bool) -> str:
+    return f"{json.dumps(ob.name)}{_type(ob.type)}" if labels else _type(ob.type)
+
+
+def _value(value, indent: str, labels: bool) -> str:
+    """Canonical text of one spec field (a nested diagram renders as a block)."""
+    if value is None or isinstance(value, bool):
+        return repr(value)
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return repr(value)          # shortest round-trip repr: deterministic
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, sympy.Basic):
+        return "sym:" + sympy.srepr(value)
+    if isinstance(value, ArrayType):
+        return _type(value)
+    if isinstance(value, (tuple, list)):
+        return "(" + ",".join(_value(v, indent, labels) for v in value) + ")"
+    if isinstance(value, dict):
+        items = sorted((json.dumps(str(k)), _value(v, indent, labels)) for k, v in value.items())
+        return "{" + ",".join(f"{k}:{v}" for k, v in items) + "}"
+    if _is_diagram(value):
+        return "{\n" + _render(value, indent + "  ", labels) + indent + "}"
+    if dataclasses.is_dataclass(value):
+        return _spec(value, indent, labels)
+    raise TypeError(f"cannot fingerprint a {type(value).__name__}: {value!r}")
+
+
+def _spec(spec, indent: str, labels: bool) -> str:
+    fields = [f"{f.name}={_value(getattr(spec, f.name), indent, labels)}"
+              for f in dataclasses.fields(spec)]
+    return f"{getattr(spec, 'kind', type(spec).__name__)}(" + ", ".join(fields) + ")"
+
+
+def _render(diagram, indent: str, labels: bool) -> str:
+    g = to_graph(diagram)
+    names = {}
+    lines = []
+    for i, v in enumerate(g.graph["inputs"]):
+        names[v] = f"%{i}"
+        lines.append(f"{indent}in %{i} {_wire(g.nodes[v]['ob'], labels)}\n")
+    for i, n in enumerate(op_order(g)):
+        node = g.nodes[n]
+        box = node["box"]
+        spec = getattr(box, "data", None)
+        if spec is None:
+            raise TypeError(f"cannot fingerprint box {box.name!r}: it has no primitive spec")
+        for j, v in enumerate(node["outs"]):
+            names[v] = f"#{i}.{j}"
+        args = ", ".join(names[v] for v in node["ins"])
+        outs = ", ".join(_wire(g.nodes[v]["ob"], labels) for v in node["outs"])
+        name = f"{json.dumps(box.name)} " if labels else ""
+        lines.append(f"{indent}#{i} {name}{_spec(spec, indent, labels)} ({args}) -> ({outs})\n")
+    lines.append(f"{indent}out " + ", ".join(names[v] for v in g.graph["outputs"]) + "\n")
+    return "".join(lines)
+
+
+def render(diagram, labels: bool = False) -> str:
+    """The canonical text of a program (what :func:`fingerprint` hashes).
+
+    Box and wire names are labels (wires compare by type, boxes mean their
+    spec), so they are left out unless ``labels`` (for reading a diff): a
+    cosmetic renaming does not invalidate certificates."""
+    return _render(diagram, "", labels)
+
+
+def fingerprint(diagram) -> str:
+    """sha256 (hex) of the canonical rendering of ``diagram`` (without labels)."""
+    return hashlib.sha256(render(diagram).encode("utf-8")).hexdigest()
+
+
+def size_symbols(diagram) -> set[str]:
+    """Names of the free size symbols of a program (axis sizes and tile sizes,
+    inside group bodies and stream accumulators too)."""
+    found: set[str] = set()
+
+    def size(s):
+        if isinstance(s, sympy.Basic):
+            found.update(str(x) for x in s.free_symbols)
+
+    def value(v):
+        if isinstance(v, sympy.Basic):
+            size(v)
+        elif isinstance(v, ArrayType):
+            for a in v.axes:
+                size(a.size)
+        elif isinstance(v, (tuple, list)):
+            for w in v:
+                value(w)
+        elif _is_diagram(v):
+            walk(v)
+
+    def walk(d):
+        for ob in list(d.dom.inside) + list(d.cod.inside):
+            value(ob.type)
+        for box in d.boxes:
+            for ob in list(box.dom.inside) + list(box.cod.inside):
+                if hasattr(ob, "type"):
+                    value(ob.type)
+            spec = getattr(box, "data", None)
+            if spec is not None and dataclasses.is_dataclass(spec):
+                for f in dataclasses.fields(spec):
+                    value(getattr(spec, f.name))
+    walk(diagram)
+    return found
+
+
+# ----------------------------------------------------------------------------- algorithms
+@dataclass(frozen=True)
+class Source:
+    """What a certificate starts from: a diagram builder and, where known, a
+    plain-jnp reference and an input sampler."""
+    label: str
+    build: object            # dtype -> Diagram
+    reference: object = None
+    sample: object = None    # (rng, sizes) -> list of arrays, or None
+
+
+def load_algorithm(spec, base: Path | None = None) -> Source:
+    """Resolve ``"name"`` (the library) or ``{"from": "FILE:NAME"}`` (a Python
+    file, relative to ``base``; NAME is an Algorithm, a diagram, or a function
+    dtype -> diagram)."""
+    from napkin.library import Algorithm, get
+    if isinstance(spec, str):
+        alg = get(spec)
+        return Source(spec, alg.diagram, alg.reference, alg.sample)
+    if not (isinstance(spec, dict) and set(spec) == {"from"} and isinstance(spec["from"], str)
+            and ":" in spec["from"]):
+        raise CertificateError(f"algorithm must be a library name or {{\"from\": \"FILE:NAME\"}}, "
+                               f"got {spec!r}")
+    file, _, name = spec["from"].rpartition(":")
+    path = Path(file)
+    if not path.is_absolute() and base is not None:
+        path = Path(base) / path
+    if not path.is_file():
+        raise CertificateError(f"algorithm file {file} not found (looked at {path})")
+    mod_spec = importlib.util.spec_from_file_location(f"_napkin_alg_{path.stem}", path)
+    module = importlib.util.module_from_spec(mod_spec)
+    try:
+        mod_spec.loader.exec_module(module)
+    except Exception as e:  # noqa: BLE001 - a user's file: report whatever it raised
+        raise CertificateError(f"cannot load {path}: {type(e).__name__}: {e}") from None
+    if not hasattr(module, name):
+        raise CertificateError(f"{path} has no {name!r}")
+    obj = getattr(module, name)
+    label = spec["from"]
+    if isinstance(obj, Algorithm):
+        return Source(label, obj.diagram, obj.reference, obj.sample)
+    if _is_diagram(obj):
+        return Source(label, lambda dtype="f32": obj)
+    if callable(obj):
+        return Source(label, obj)
+    raise CertificateError(f"{label} is neither an Algorithm, a diagram nor a builder")
+
+
+# ----------------------------------------------------------------------------- the data
+def _int_map(data, what: str) -> dict[str, int]:
+    if not isinstance(data, dict):
+        raise CertificateError(f"{what} must be an object of name: int, got {data!r}")
+    for k, v in data.items():
+        if not isinstance(k, str) or isinstance(v, bool) or not isinstance(v, int):
+            raise CertificateError(f"{what}: {k!r} must map to an integer, got {v!r}")
+    return dict(data)
+
+
+def _digest(value, what: str, step: int | None = None) -> str:
+    if not isinstance(value, str) or not value:
+        raise CertificateError(f"{what} must be a fingerprint string, got {value!r}", step)
+    return value
+
+
+@dataclass
+class Step:
+    rule: str
+    site: Site
+    params: dict
+    result: str
+
+    def to_json(self) -> dict:
+        return {"rule": self.rule, "site": self.site.to_json(), "params": dict(self.params),
+                "result": self.result}
+
+    @classmethod
+    def from_json(cls, data, i: int = 0) -> Step:
+        where = f"step {i}"
+        if not isinstance(data, dict):
+            raise CertificateError(f"{where} must be an object, got {data!r}", i)
+        missing = [k for k in ("rule", "site", "params", "result") if k not in data]
+        if missing:
+            raise CertificateError(f"{where} lacks {', '.join(missing)}", i)
+        if not isinstance(data["rule"], str):
+            raise CertificateError(f"{where}: rule must be a string, got {data['rule']!r}", i)
+        if not isinstance(data["params"], dict):
+            raise CertificateError(f"{where}: params must be an object, got {data['params']!r}", i)
+        site = data["site"]
+        if not (isinstance(site, dict) and set(site) <= {"path", "ops"} and "ops" in site
+                and all(isinstance(site.get(k, []), list)
+                        and all(isinstance(j, int) and not isinstance(j, bool) and j >= 0
+                                for j in site.get(k, []))
+                        for k in ("path", "ops"))):
+            raise CertificateError(f"{where}: bad site {site!r} (want {{\"path\": [int >= 0, ...], "
+                                   f"\"ops\": [int >= 0, ...]}})", i)
+        site = Site.from_json(site)
+        return cls(data["rule"], site, dict(data["params"]),
+                   _digest(data["result"], f"{where}: result", i))
+
+
+@dataclass
+class Certificate:
+    algorithm: str | dict
+    dtype: str
+    sizes: dict[str, int]
+    tiles: dict[str, int]
+    steps: list[Step]
+    result: str
+    source: str
+    symbolic: list[str] = field(default_factory=list)
+    format: str = FORMAT
+    origin: Path | None = field(default=None, compare=False)  # the file it came from
+
+    def to_dict(self) -> dict:
+        return {"format": self.format, "algorithm": self.algorithm, "dtype": self.dtype,
+                "source": self.source, "sizes": dict(self.sizes), "tiles": dict(self.tiles),
+                "symbolic": sorted(self.symbolic), "steps": [s.to_json() for s in self.steps],
+                "result": self.result}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, indent=2) + "\n"
+
+    @classmethod
+    def from_dict(cls, data, origin: Path | None = None) -> Certificate:
+        if not isinstance(data, dict):
+            raise CertificateError("a certificate is a JSON object")
+        fmt = data.get("format")
+        if fmt != FORMAT:
+            raise CertificateError(f"unsupported format {fmt!r} (this checker reads {FORMAT})")
+        missing = [k for k in ("algorithm", "dtype", "source", "sizes", "tiles", "steps", "result")
+                   if k not in data]
+        if missing:
+            raise CertificateError(f"certificate lacks {', '.join(missing)}")
+        unknown = sorted(set(data) - {"format", "algorithm", "dtype", "source", "sizes", "tiles",
+                                      "symbolic", "steps", "result"})
+        if unknown:
+            raise CertificateError(f"unknown certificate field(s) {', '.join(unknown)}")
+        try:
+            dtype = canonical_dtype(data["dtype"])
+        except NapkinError as e:
+            raise CertificateError(str(e)) from None
+        if not isinstance(data["steps"], list):
+            raise CertificateError("steps must be a list")
+        symbolic = data.get("symbolic", [])
+        if not isinstance(symbolic, list) or not all(isinstance(s, str) for s in symbolic):
+            raise CertificateError(f"symbolic must be a list of names, got {symbolic!r}")
+        algorithm = data["algorithm"]
+        if not isinstance(algorithm, (str, dict)):
+            raise CertificateError(f"algorithm must be a name or {{\"from\": ...}}, "
+                                   f"got {algorithm!r}")
+        return cls(algorithm, dtype, _int_map(data["sizes"], "sizes"),
+                   _int_map(data["tiles"], "tiles"),
+                   [Step.from_json(s, i + 1) for i, s in enumerate(data["steps"])],
+                   _digest(data["result"], "result"), _digest(data["source"], "source"),
+                   list(symbolic), fmt, origin)
+
+    @classmethod
+    def from_json(cls, text: str, origin: Path | None = None) -> Certificate:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise CertificateError(f"not JSON: {e}") from None
+        return cls.from_dict(data, origin)
+
+    @classmethod
+    def load(cls, path) -> Certificate:
+        path = Path(path)
+        return cls.from_json(path.read_text(encoding="utf-8"), origin=path.resolve().parent)
+
+    def save(self, path) -> None:
+        Path(path).write_text(self.to_json(), encoding="utf-8")
+
+
+# ----------------------------------------------------------------------------- deriving
+def _site(program, site, rule: str):
+    """A Site from a Site, a dict, or a path tuple (meaning every op of that body)."""
+    if isinstance(site, Site):
+        return site
+    if isinstance(site, dict):
+        if "ops" in site:
+            return Site.from_json(site)
+        site = tuple(site.get("path", ()))
+    path = tuple(int(i) for i in site)
+    from napkin.region import body_at
+    n = len(op_order(to_graph(body_at(program, path))))
+    return Site(path, tuple(range(n)))
+
+
+def derive(algorithm, steps, sizes: dict, tiles: dict, dtype: str = "f32",
+           base: Path | None = None) -> Certificate:
+    """Apply ``steps`` to the algorithm and record the certificate.
+
+    ``algorithm``: a library name or ``{"from": "FILE:NAME"}``.  ``steps``:
+    ``(rule, site, params)`` triples or ``{"rule", "site", "params"}`` dicts;
+    a site is a :class:`Site`, ``{"path", "ops"}``, or a bare path (every op of
+    the body there).  Raises :class:`~napkin.errors.RuleError` when a premise
+    fails.  The certificate is not checked numerically here: run the checker.
+    """
+    from rewrites import get_rule
+    src = load_algorithm(algorithm, base)
+    dtype = canonical_dtype(dtype)
+    program = src.build(dtype)
+    source = fingerprint(program)
+    recorded = []
+    for i, step in enumerate(steps, 1):
+        if isinstance(step, dict):
+            rule, site, params = step["rule"], step.get("site", ()), step.get("params", {})
+        else:
+            rule, site, params = step
+        try:  # replay sees the parameters as JSON gives them back: apply those
+            params = json.loads(json.dumps(dict(params), sort_keys=True))
+        except TypeError as e:
+            raise CertificateError(f"step {i} ({rule}): parameters must be JSON data: {e}") \
+                from None
+        site = _site(program, site, rule)
+        try:
+            program = get_rule(rule).apply(program, site, dict(params))
+        except NapkinError as e:
+            raise type(e)(f"step {i} ({rule}): {e}") from None
+        recorded.append(Step(rule, site, params, fingerprint(program)))
+    return Certificate(algorithm, dtype, _int_map(dict(sizes), "sizes"),
+                       _int_map(dict(tiles), "tiles"), recorded, fingerprint(program), source,
+                       sorted(size_symbols(program)), origin=Path(base) if base else None)
+
+
+def stored_certificates():
+    """The folder of certificates shipped with the package (proofs/certificates)."""
+    from importlib.resources import files
+    return files("proofs") / "certificates"
+
+
+__all__ = ["FORMAT", "Certificate", "CertificateError", "Source", "Step", "derive",
+           "fingerprint", "load_algorithm", "render", "size_symbols", "stored_certificates"]
