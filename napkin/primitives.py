@@ -116,6 +116,12 @@ class Spec:
     def label(self) -> str:
         return self.kind
 
+    def relabelled(self, axis: str, size) -> Spec:
+        """The spec once ``axis`` is relabelled to a tile size.  Primitives see
+        sizes only through their input types; specs that carry types or
+        diagrams of their own (fill, group, stream) override this."""
+        return self
+
     def woven(self, axis: str) -> Spec:
         """The spec mapped over one more axis.  Named axes make this the
         identity for most primitives: only specs that list output axes
@@ -425,6 +431,9 @@ class Fill(Spec):
 
     def flops(self, ins, outs):
         return sympy.Integer(0)
+
+    def relabelled(self, axis, size):
+        return Fill(self.value, self.type.resize(axis, size)) if self.type.has(axis) else self
 
     def label(self):
         return f"fill({self.value:g})"

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import networkx as nx
 from discopy import markov
 
+from napkin.arrays import ArrayOb
 from napkin.errors import RuleError
 from napkin.ir import GraphBuilder, ops as op_order, to_diagram, to_graph
 from napkin.op import make_op
@@ -107,20 +108,33 @@ def region(graph: nx.DiGraph, op_indices) -> Region:
     return Region(graph, chosen, inputs, outputs)
 
 
-def region_diagram(reg: Region, retype=None):
-    """The region as a diagram of its own (optionally re-typing every wire:
-    ``retype(ArrayOb) -> ArrayOb``; boxes are re-inferred on the new types)."""
+def region_diagram(reg: Region, axis: str | None = None, size=None):
+    """The region as a diagram of its own; with ``axis``, that axis is
+    relabelled to ``size`` on every wire (boxes re-inferred, nested bodies too)."""
     g, b = reg.graph, GraphBuilder()
-    retype = retype or (lambda ob: ob)
-    env = {v: b.input(retype(g.nodes[v]["ob"])) for v in reg.inputs}
+    env = {v: b.input(_resized(g.nodes[v]["ob"], axis, size)) for v in reg.inputs}
     for n in reg.nodes:
         node = g.nodes[n]
         box = node["box"]
         dom = markov.Ty(*(b.graph.nodes[env[v]]["ob"] for v in node["ins"]))
-        new = make_op(box.data, dom, [ob.name for ob in box.cod.inside], box.name)
+        spec = box.data.relabelled(axis, size) if axis else box.data
+        new = make_op(spec, dom, [ob.name for ob in box.cod.inside], box.name)
         for v, w in zip(node["outs"], b.op(new, [env[v] for v in node["ins"]])):
             env[v] = w
     return to_diagram(b.finish([env[v] for v in reg.outputs]))
+
+
+def relabel(diagram, axis: str, size):
+    """``diagram`` with ``axis`` relabelled to ``size`` everywhere (q → g_q)."""
+    g = to_graph(diagram)
+    return region_diagram(Region(g, op_order(g), list(g.graph["inputs"]),
+                                 list(g.graph["outputs"])), axis, size)
+
+
+def _resized(ob, axis, size):
+    if axis and ob.type.has(axis):
+        return ArrayOb(ob.name, ob.type.resize(axis, size))
+    return ob
 
 
 def splice(reg: Region, box) -> nx.DiGraph:

@@ -101,6 +101,12 @@ class Group(Spec):
         raise NapkinError(f"weave a diagram before partitioning it (cannot weave {axis} "
                           f"into an existing group over {self.axis})")
 
+    def relabelled(self, axis, size):
+        from napkin.region import relabel
+        if axis == self.axis:
+            return self  # the body already sees the group size
+        return Group(self.axis, self.size, relabel(self.body, axis, size), self.level)
+
     def label(self):
         return f"group {self.axis} ({self.size}) @ {self.level}"
 
@@ -154,6 +160,14 @@ class Stream(Spec):
     def woven(self, axis):
         raise NapkinError(f"weave a diagram before partitioning it (cannot weave {axis} "
                           f"into an existing stream over {self.axis})")
+
+    def relabelled(self, axis, size):
+        from napkin.region import relabel
+        if axis == self.axis:
+            return self
+        return Stream(self.axis, self.chunk, relabel(self.init, axis, size),
+                      relabel(self.update, axis, size), relabel(self.finalize, axis, size),
+                      self.rule)
 
     def label(self):
         return f"stream {self.axis} ({self.chunk}) [{self.rule}]"

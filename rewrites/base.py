@@ -31,7 +31,8 @@ class Rule:
     def apply(self, program, site: Site, params: dict):
         raise NotImplementedError
 
-    def candidates(self, program):
+    def candidates(self, program, path=()):
+        """(site, params) proposals in the body at ``path``; premises unchecked."""
         return iter(())
 
 

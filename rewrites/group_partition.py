@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from discopy import markov
 
-from napkin.arrays import ArrayOb
 from napkin.errors import RuleError
 from napkin.ir import ops as op_order, to_diagram, to_graph
 from napkin.op import make_op
@@ -69,6 +68,11 @@ class GroupPartition(Rule):
         graph = to_graph(body)
         reg = region(graph, site.ops)
         for box in reg.boxes():
+            inner = box.data
+            if inner.kind == "group" and inner.axis == axis and \
+                    LEVELS.index(level) >= LEVELS.index(inner.level):
+                raise RuleError(f"cannot group {axis}: {box.name} already groups {axis} at "
+                                f"{inner.level} (regroup only at a higher level)")
             if not any(ob.type.has(axis) for ob in box.cod.inside):
                 raise RuleError(f"cannot group {axis}: {box.name} is not woven over {axis} "
                                 f"(its outputs {box.cod} lack the axis)")
@@ -89,9 +93,7 @@ class GroupPartition(Rule):
         body, graph, reg, axis, level = self._region(program, site, params)
         size = size_param(params.get("size", str(tile_symbol("g", axis))))
 
-        def retype(o):
-            return ArrayOb(o.name, o.type.resize(axis, size)) if o.type.has(axis) else o
-        inner = region_diagram(reg, retype)
+        inner = region_diagram(reg, axis, size)
         dom = markov.Ty(*(graph.nodes[v]["ob"] for v in reg.inputs))
         names = [graph.nodes[v]["ob"].name for v in reg.outputs]
         box = make_op(Group(axis, size, inner, level), dom, names, f"group {axis}")
