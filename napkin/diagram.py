@@ -87,7 +87,3 @@ Diagram.copy_factory = Copy
 Diagram.discard_factory = Discard
 Id = Diagram.id
 
-
-def is_wiring(box) -> bool:
-    """Copy, discard and swap: structure, not computation."""
-    return isinstance(box, (markov.Copy, markov.Swap))

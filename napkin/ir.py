@@ -22,8 +22,9 @@ from collections import Counter
 
 import networkx as nx
 from discopy import markov
+from discopy.monoidal import Layer
 
-from napkin.diagram import Diagram, Id, is_wiring
+from napkin.diagram import Copy, Diagram, Discard, Swap
 
 
 class GraphBuilder:
@@ -82,27 +83,45 @@ def ops(graph: nx.DiGraph) -> list[int]:
     return [n for n in order if graph.nodes[n]["kind"] == "op"]
 
 
-def wiring(live: list[int], target: list[int], ob_of) -> Diagram:
-    """Copy/discard/swap diagram taking wires ``live`` (distinct values) to
-    ``target`` (values of ``live``, in any order and multiplicity)."""
-    need = Counter(target)
-    missing = [v for v in need if v not in live]
-    if missing:
-        raise ValueError(f"wiring: values {missing} are not live")
-    layer, seq = Id(), []
-    for v in live:
-        k = need[v]
-        ty = markov.Ty(ob_of(v))
-        layer = layer @ (Id(ty) if k == 1 else Diagram.copy(ty, k))
-        seq += [v] * k
-    if seq == list(target):
-        return layer
-    used, perm = set(), []
-    for v in target:
-        i = next(i for i, s in enumerate(seq) if s == v and i not in used)
-        used.add(i)
-        perm.append(i)
-    return layer >> Diagram.permutation(perm, layer.cod)
+class _Emitter:
+    """Emits a diagram layer by layer (one box per layer), tracking the wires.
+
+    Building layers directly avoids DisCoPy's ``@``/``>>`` re-checking every
+    composite, which made emission the search's bottleneck."""
+
+    def __init__(self, wires: list[int], ob_of):
+        self.wires, self.ob_of, self.layers = list(wires), ob_of, []
+
+    def _ty(self, vals):
+        return markov.Ty(*(self.ob_of(v) for v in vals))
+
+    def layer(self, i: int, box, n_in: int, outs: list[int]):
+        w = self.wires
+        self.layers.append(Layer(self._ty(w[:i]), box, self._ty(w[i + n_in:])))
+        self.wires = w[:i] + outs + w[i + n_in:]
+
+    def wire_to(self, target: list[int]):
+        """Copies/discards then adjacent swaps taking the wires to ``target``."""
+        need = Counter(target)
+        missing = [v for v in need if v not in self.wires]
+        if missing:
+            raise ValueError(f"wiring: values {missing} are not live")
+        i = 0
+        while i < len(self.wires):
+            v, k = self.wires[i], need[self.wires[i]]
+            if k == 1:
+                i += 1
+                continue
+            ob = markov.Ty(self.ob_of(v))
+            self.layer(i, Discard(ob) if k == 0 else Copy(ob, k), 1, [v] * k)
+            i += k
+        for j, v in enumerate(target):  # selection sort by adjacent swaps
+            at = next(i for i in range(j, len(self.wires)) if self.wires[i] == v)
+            while at > j:
+                a, b = self.wires[at - 1], self.wires[at]
+                self.layer(at - 1, Swap(markov.Ty(self.ob_of(a)), markov.Ty(self.ob_of(b))),
+                           2, [b, a])
+                at -= 1
 
 
 def to_diagram(graph: nx.DiGraph) -> Diagram:
@@ -113,27 +132,23 @@ def to_diagram(graph: nx.DiGraph) -> Diagram:
     remaining = Counter(outputs)
     for n in order:
         remaining.update(graph.nodes[n]["ins"])
-    live = list(dict.fromkeys(graph.graph["inputs"]))
-    dom = markov.Ty(*(obs(v) for v in graph.graph["inputs"]))
-    # Repeated inputs are not a thing in diagrams: dom lists each input once.
-    if len(live) != len(graph.graph["inputs"]):
+    inputs = graph.graph["inputs"]
+    if len(set(inputs)) != len(inputs):
         raise ValueError("a graph input appears twice")
-    layers = []
+    em = _Emitter(inputs, obs)
     for n in order:
         node = graph.nodes[n]
         remaining.subtract(node["ins"])
+        live = em.wires
         keep = [v for v in live if remaining[v] > 0]
         # Put the box where its first input already is, so that a chain of
         # boxes over adjacent wires needs no swaps.
         first = min((live.index(v) for v in node["ins"]), default=len(live))
         pos = sum(1 for v in keep if live.index(v) < first)
-        left, right = keep[:pos], keep[pos:]
-        layers.append(wiring(live, left + node["ins"] + right, obs))
-        layers.append(Id(markov.Ty(*(obs(v) for v in left))) @ node["box"]
-                      @ Id(markov.Ty(*(obs(v) for v in right))))
-        live = left + node["outs"] + right
-    layers.append(wiring(live, list(outputs), obs))
-    return Diagram.id(dom).then(*layers)
+        em.wire_to(keep[:pos] + node["ins"] + keep[pos:])
+        em.layer(pos, node["box"], len(node["ins"]), list(node["outs"]))
+    em.wire_to(list(outputs))
+    return Diagram(tuple(em.layers), em._ty(inputs), em._ty(outputs), _scan=False)
 
 
 def relabel(graph: nx.DiGraph) -> nx.DiGraph:
