@@ -136,7 +136,10 @@ def build_stream(graph, reg, axis, chunk, claims, pre, post):
             env.update(zip(c.outputs, c.rule.finalize(graph, c, axis, state[i:i + len(st)])))
             i += len(st)
         _replay(graph, post, env)
-        return [env[v] for v in reg.outputs]
+        # accumulators run in float32: hand results back in the region's dtypes
+        return [env[v] if env[v].type.dtype == ob(graph, v).type.dtype
+                else ops.cast(env[v], ob(graph, v).type.dtype, as_=ob(graph, v).name)
+                for v in reg.outputs]
 
     rule = "+".join(dict.fromkeys(c.rule.name for c in claims))
     return Stream(axis, chunk,

@@ -1,0 +1,100 @@
+"""Every rule is proved; every wrong accumulator is caught; a missing proof fails."""
+import pytest
+
+import proofs
+from proofs import ProofResult, prove_all, prove_rule, prove_wrong
+from rewrites import RULES, STREAMABILITY
+
+
+@pytest.fixture(scope="module")
+def results():
+    return prove_all()
+
+
+@pytest.fixture(scope="module")
+def wrong():
+    return prove_wrong()
+
+
+def test_every_rule_has_a_proof_result(results):
+    names = [r.rule for r in results]
+    assert names == [r.name for r in RULES.values()] + [r.name for r in STREAMABILITY]
+    assert all(isinstance(r, ProofResult) for r in results)
+
+
+def test_every_rule_proves(results):
+    failed = [r.summary() for r in results if not r.ok]
+    assert not failed, "\n".join(failed)
+
+
+def test_proofs_check_symbolic_and_numeric_obligations(results):
+    for r in results:
+        kinds = {o.kind for o in r.obligations}
+        assert "numeric" in kinds, r.rule
+        assert kinds & {"symbolic", "structure"}, r.rule
+        assert r.statement, f"{r.module} has no docstring statement"
+    by_rule = {r.rule: r for r in results}
+    for name in ("softmax_contraction", "logsumexp", "max", "sum_contraction",
+                 "stream_partition"):
+        descs = " ".join(o.description for o in by_rule[name].obligations)
+        assert "accumulator law update(state(x), y) = state(x ⊕ y)" in descs, name
+
+
+def test_proof_modules_are_named_by_the_rules(results):
+    for rule, r in zip(list(RULES.values()) + list(STREAMABILITY), results):
+        assert r.module == rule.proof
+    assert {r.module for r in results} == {
+        f"proofs.{m}" for m in ("group_partition", "stream_partition", "sum_contraction",
+                                "max_reduce", "logsumexp", "softmax_contraction",
+                                "normalized_contraction", "relabel_level")}
+
+
+def test_wrong_variants_fail(wrong):
+    assert len(wrong) == 2
+    for r in wrong:
+        assert not r.ok, r.summary()
+        failed = [o.description for o in r.failed]
+        assert any("accumulator law" in d for d in failed), r.summary()
+        assert any(o.kind == "numeric" for o in r.failed), r.summary()
+        # the detail names the failed obligation and shows a counterexample
+        assert "accumulator law" in r.detail and "counterexample" in r.detail
+        # one chunk is computed right: the base case is not what catches them
+        base = [o for o in r.obligations if "base case" in o.description]
+        assert base and all(o.ok for o in base)
+
+
+def test_wrong_variants_are_exposed_by_the_driver():
+    assert proofs.prove_wrong is prove_wrong
+
+
+class _Fake:
+    def __init__(self, name, proof):
+        self.name, self.proof = name, proof
+
+
+def test_missing_proof_module_is_a_failure():
+    (r,) = prove_all([_Fake("imaginary_rule", "proofs.no_such_proof")])
+    assert not r.ok
+    assert r.rule == "imaginary_rule"
+    assert "proofs.no_such_proof" in r.detail and "no module" in r.detail
+
+
+def test_bad_proof_attributes_are_failures():
+    for attr in ("", "os.path", None):
+        r = prove_rule(_Fake("odd", attr))
+        assert not r.ok and "proof" in r.detail
+    r = prove_rule(_Fake("no_prove", "proofs._core"))   # a module without prove()
+    assert not r.ok and "prove()" in r.detail
+
+
+def test_empty_result_is_not_ok():
+    assert not ProofResult("nothing").ok
+
+
+def test_streaming_keeps_low_precision_output_dtypes():
+    from proofs import logsumexp, max_reduce, softmax_contraction, sum_contraction
+    from proofs._core import stream_rule
+    for D in (max_reduce.generic("bf16"), logsumexp.generic("bf16"),
+              softmax_contraction.generic("bf16"), sum_contraction.reduction("mean", "bf16")):
+        st = stream_rule(D, "x")
+        assert st.rewritten.cod == D.cod, (D.cod, st.rewritten.cod)
