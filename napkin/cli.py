@@ -215,5 +215,8 @@ def _draw(args) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+import napkin.commands  # noqa: E402,F401  (registers the pipeline's subcommands)
+
+if __name__ == "__main__":  # run the registry of the imported module, not of __main__
+    from napkin.cli import main as _main
+    raise SystemExit(_main())

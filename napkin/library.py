@@ -65,6 +65,10 @@ class Algorithm:
 
 LIBRARY: dict[str, Algorithm] = {}
 
+# Sizes the CLI uses when none are given: a transformer layer of today's scale.
+DEFAULT_SIZES = {"q": 4096, "x": 4096, "d": 128, "a": 4096, "b": 4096, "c": 4096,
+                 "h": 32, "k": 8, "r": 4, "n": 4096, "v": 32768, "e": 4096, "batch": 8}
+
 
 def register(name, summary, reference, inputs=None):
     def wrap(build):

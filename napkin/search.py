@@ -1,0 +1,324 @@
+"""Search: the chain of rule applications that minimises modelled time.
+
+The state space is a networkx DiGraph: nodes are programs, identified by their
+canonical fingerprint (napkin.certificate: a structural rendering, so two
+chains reaching the same program meet in one node); edges are rule
+applications (rule, site, parameters).  Tile sizes stay symbolic (g_q, s_x)
+during the structural search; every state gets its tiles from the cost
+model's optimiser (napkin.cost.optimize_tiles) for the given sizes and
+hardware.
+
+Best-first: the frontier is ordered by the state's own optimised time, and a
+state is expanded only while an admissible lower bound — the compulsory
+traffic (read every input and write every output once at the top level) and
+the FLOPs at peak throughput, which no rewrite can beat — is below the best
+time found.  Limits on states and seconds are reported in the result when hit,
+never silently.  There is no algorithm-specific code here: every move comes
+from a rule's ``candidates``.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import time
+from dataclasses import dataclass, field
+
+import networkx as nx
+
+from napkin.errors import NapkinError, RuleError
+from napkin.ir import ops as op_order, to_graph
+from napkin.region import Site, body_at
+
+
+@dataclass(frozen=True)
+class Move:
+    rule: str
+    site: Site
+    params: tuple  # sorted (key, value) pairs, hashable
+
+    @property
+    def params_dict(self) -> dict:
+        return dict(self.params)
+
+    def to_json(self) -> dict:
+        return {"rule": self.rule, "site": self.site.to_json(), "params": self.params_dict}
+
+    def __str__(self):
+        ps = ", ".join(f"{k}={v}" for k, v in self.params)
+        return f"{self.rule}({ps}) at {self.site}"
+
+
+@dataclass
+class State:
+    key: str
+    program: object
+    chain: tuple[Move, ...]
+    tiles: object = None          # napkin.cost.Tiles
+    time_s: float = math.inf
+    feasible: bool = False
+    min_memory: dict = field(default_factory=dict)
+    error: str | None = None
+    cost: object = None           # napkin.cost.Cost (symbolic)
+    grid: object = None           # napkin.cost.Grid (every tiling, evaluated)
+    bytes: float = math.inf       # bytes moved at the main level, at the best tiles
+    bound_by: str = ""
+    tile_values: dict = field(default_factory=dict)
+
+
+@dataclass
+class SearchResult:
+    algorithm: object
+    best: State
+    alternatives: list[State]
+    states: int
+    expanded: int
+    seconds: float
+    limit_hit: str | None
+    graph: nx.DiGraph
+    lower_bound_s: float
+
+    def reason_loses(self, alt: State) -> str:
+        """Why an alternative is worse than the best, in words."""
+        b = self.best
+        if not alt.feasible:
+            return f"does not fit on chip ({_mem_text(alt.min_memory)} at its smallest tiles)"
+        if alt.error:
+            return f"cannot be costed: {alt.error}"
+        ratio = alt.time_s / b.time_s if b.time_s else math.inf
+        parts = [f"{ratio:.2f}× the time"]
+        if b.bytes:
+            parts.append(f"{alt.bytes / b.bytes:.2f}× the bytes moved")
+        parts.append(f"bound by {alt.bound_by}")
+        if ratio <= 1 + 1e-9:
+            parts.append("no faster, and a longer chain")
+        return ", ".join(parts)
+
+
+def _mem_text(mem: dict) -> str:
+    return ", ".join(f"{lv} {v / 1024:.0f} KiB" for lv, v in mem.items()) or "?"
+
+
+def _group_paths(program, path=()):
+    """Every path to a group body, the root included."""
+    yield tuple(path)
+    g = to_graph(body_at(program, path))
+    for i, n in enumerate(op_order(g)):
+        if g.nodes[n]["box"].data.kind == "group":
+            yield from _group_paths(program, (*path, i))
+
+
+def _grouped_axes(program, path) -> set[str]:
+    axes, d = set(), program
+    for i in path:
+        g = to_graph(d)
+        spec = g.nodes[op_order(g)[i]]["box"].data
+        axes.add(spec.axis)
+        d = spec.body
+    return axes
+
+
+def moves(program, rules=None):
+    """Every applicable rule application (premises checked)."""
+    from rewrites import RULES
+    rules = rules or RULES
+    for path in _group_paths(program):
+        taken = _grouped_axes(program, path)
+        for name, rule in rules.items():
+            for site, params in rule.candidates(program, path):
+                if name in ("group_partition", "head_grouping"):
+                    if params.get("axis") in taken:
+                        continue  # re-tiling a tiled axis at the same level: no new program
+                    if not _canonical_nesting(program, path, site, params["axis"]):
+                        continue
+                try:
+                    rule.check(program, site, params)
+                except RuleError:
+                    continue
+                yield Move(name, site, tuple(sorted(params.items())))
+
+
+def _single_group(body):
+    """The spec of the only box of ``body`` when it is a group, else None."""
+    g = to_graph(body)
+    order = op_order(g)
+    if len(order) == 1 and g.nodes[order[0]]["box"].data.kind == "group":
+        return g.nodes[order[0]]["box"].data
+    return None
+
+
+def _canonical_nesting(program, path, site, axis) -> bool:
+    """Symmetry reduction: two whole-body groups nested directly in one another
+    form one grid whatever their order (same cost, same further rewrites), so
+    only the order with the outer axis first alphabetically is explored."""
+    body = body_at(program, path)
+    if len(site.ops) != len(op_order(to_graph(body))):
+        return True
+    inner = _single_group(body)
+    if inner is not None and inner.axis < axis:
+        return False  # wrapping a lone group: keep outer < inner
+    if path:
+        outer = _single_group(body_at(program, path[:-1]))
+        if outer is not None and axis < outer.axis:
+            return False  # filling a lone group's body: keep outer < inner
+    return True
+
+
+def apply_move(program, move: Move):
+    from rewrites import RULES
+    return RULES[move.rule].apply(program, move.site, move.params_dict)
+
+
+class Evaluator:
+    """Cost of a program for fixed sizes and hardware (memoised by fingerprint)."""
+
+    def __init__(self, hardware, sizes: dict, dtype=None, objective: str = "time",
+                 levels: str = "two"):
+        from napkin.hardware import get_hardware
+        hw = get_hardware(hardware)
+        self.hw = hw.two_level() if levels == "two" and len(hw.levels) > 2 else hw
+        self.sizes, self.dtype, self.objective = dict(sizes), dtype, objective
+
+    def __call__(self, state: State) -> None:
+        """Integer-optimal tiles and their time (the cheap part: one numpy grid)."""
+        from napkin.cost import Grid, cost
+        try:
+            c = cost(state.program, self.hw, self.dtype)
+            grid = Grid(c, self.sizes)
+            best, feasible = grid.best(self.objective)
+            state.cost, state.grid = c, grid
+            state.feasible = feasible
+            state.time_s = float(grid.time[best]) if feasible else math.inf
+            state.bytes = float(grid.Hb[best])
+            state.bound_by = grid.labels[int(grid.which[best])]
+            state.tile_values = grid.values(best)
+            state.min_memory = {lv: float(m.min()) for lv, m in grid.mem.items()}
+        except NapkinError as e:
+            state.error = str(e)
+
+    def report(self, state: State) -> None:
+        """The full optimum (continuous optimum, canonical form, bound ratio)."""
+        from napkin.cost import optimize_tiles
+        if state.tiles is None and getattr(state, "cost", None) is not None:
+            state.tiles = optimize_tiles(state.cost, sizes=self.sizes, objective=self.objective,
+                                         grid=state.grid)
+
+    def lower_bound(self, diagram) -> float:
+        """Compulsory traffic and compute at peak: no streamed program beats this."""
+        from napkin.cost import cost
+        from napkin.cost.model import _num
+        c = cost(diagram, self.hw, self.dtype)
+        next_bw = self.hw.levels[1].bandwidth_bytes_per_s
+        io = 0.0
+        from napkin.hardware import DTYPE_BYTES
+        for ob in [*diagram.dom.inside, *diagram.cod.inside]:
+            dt = self.dtype if isinstance(self.dtype, str) else ob.type.dtype
+            io += _num(ob.type.numel, self.sizes) * DTYPE_BYTES.get(dt, 4)
+        compute = max([_num(e, self.sizes) for e in c.compute_times().values()] or [0.0])
+        return max(io / next_bw, compute)
+
+
+def search(diagram, hardware="h100", sizes=None, dtype=None, *, max_states: int = 400,
+           max_seconds: float = 60.0, objective: str = "time", keep: int = 5,
+           levels: str = "two") -> SearchResult:
+    """Best-first search for the fastest streamed program of ``diagram``.
+
+    ``levels``: "two" (GMEM + SMEM, the paper's setting) or "all" (the
+    profile's whole hierarchy)."""
+    t0 = time.perf_counter()
+    ev = Evaluator(hardware, sizes or {}, dtype, objective, levels)
+    from napkin.certificate import fingerprint
+    bound = ev.lower_bound(diagram)
+    graph = nx.DiGraph()
+    root = State(fingerprint(diagram), diagram, ())
+    ev(root)
+    if root.error and "no size" in root.error:
+        raise NapkinError(root.error)
+    graph.add_node(root.key, state=root)
+    tie = itertools.count()
+    frontier = [(root.time_s, len(root.chain), next(tie), root)]
+    best, expanded, limit = root, 0, None
+    while frontier:
+        if graph.number_of_nodes() >= max_states:
+            limit = f"state limit {max_states} reached ({len(frontier)} states unexpanded)"
+            break
+        if time.perf_counter() - t0 > max_seconds:
+            limit = f"time limit {max_seconds:g} s reached ({len(frontier)} states unexpanded)"
+            break
+        _, _, _, state = heapq.heappop(frontier)
+        if best.feasible and bound >= best.time_s * (1 - 1e-12):
+            break  # nothing can beat the best: it meets the lower bound
+        expanded += 1
+        for mv in moves(state.program):
+            try:
+                child_prog = apply_move(state.program, mv)
+            except RuleError:
+                continue
+            key = fingerprint(child_prog)
+            if key in graph:
+                graph.add_edge(state.key, key, move=mv)
+                continue
+            child = State(key, child_prog, (*state.chain, mv))
+            ev(child)
+            graph.add_node(key, state=child)
+            graph.add_edge(state.key, key, move=mv)
+            if child.feasible and (not best.feasible or child.time_s < best.time_s
+                                   or (child.time_s == best.time_s and len(child.chain) < len(best.chain))):
+                best = child
+            heapq.heappush(frontier, (child.time_s, len(child.chain), next(tie), child))
+    states = [graph.nodes[n]["state"] for n in graph.nodes]
+    if not best.feasible:
+        if limit:
+            raise NapkinError(f"search stopped before any program fit on chip: {limit}; "
+                              f"raise the limit (max_states / max_seconds)")
+        raise NapkinError(_too_small(states, ev))
+    # Alternatives: the best program of each distinct cost, best first (programs
+    # that only re-nest the same tiling cost the same and add nothing to read).
+    ranked, seen = [], {(round(best.time_s, 15), round(best.bytes, 3))}
+    for s in sorted((s for s in states if s.key != best.key),
+                    key=lambda s: (s.time_s, len(s.chain))):
+        sig = (round(s.time_s, 15) if math.isfinite(s.time_s) else math.inf,
+               round(s.bytes, 3) if math.isfinite(s.bytes) else math.inf)
+        if sig not in seen:
+            seen.add(sig)
+            ranked.append(s)
+        if len(ranked) == keep:
+            break
+    ev.report(best)
+    return SearchResult(diagram, best, ranked, graph.number_of_nodes(), expanded,
+                        time.perf_counter() - t0, limit, graph, bound)
+
+
+def _too_small(states, ev) -> str:
+    """The error for a budget nothing fits: the smallest budget that would."""
+    need = {}
+    for s in states:
+        for lv, m in s.min_memory.items():
+            need[lv] = min(need.get(lv, math.inf), m)
+    if not need:
+        errs = {s.error for s in states if s.error}
+        return "no program could be costed: " + "; ".join(sorted(errs))
+    lv = min(need, key=lambda k: need[k])
+    cap = ev.hw.level(lv).capacity_bytes
+    return (f"no streamed program fits: the smallest needs {need[lv]:.0f} bytes of {lv} "
+            f"but the budget is {cap} bytes (a budget of at least {math.ceil(need[lv])} bytes "
+            f"would fit)")
+
+
+def enumerate_chains(diagram, depth: int):
+    """Every program reachable in at most ``depth`` rule applications (for
+    cross-checking the search on small instances)."""
+    from napkin.certificate import fingerprint
+    seen = {fingerprint(diagram): (diagram, ())}
+    layer = [(diagram, ())]
+    for _ in range(depth):
+        nxt = []
+        for prog, chain in layer:
+            for mv in moves(prog):
+                child = apply_move(prog, mv)
+                key = fingerprint(child)
+                if key not in seen:
+                    seen[key] = (child, (*chain, mv))
+                    nxt.append(seen[key])
+        layer = nxt
+    return list(seen.values())
