@@ -213,6 +213,12 @@ def _optimize(args) -> int:
         chain = " → ".join(m.rule + (f"({dict(m.params).get('axis')})" if "axis" in dict(m.params)
                                      else "") for m in alt.chain) or "(no rewrite)"
         print(f"  {chain}: {r.reason_loses(alt)}")
+    used = {(m.rule, dict(m.params).get("axis")) for m in r.best.chain}
+    why_not = [(k, v) for k, v in r.refused.items() if k[0] == "stream_partition" and k not in used]
+    if why_not:
+        print("not streamable:")
+        for (rule, axis), why in why_not:
+            print(f"  {axis}: {why}")
     print(f"search: {r.states} states, {r.expanded} expanded, {r.seconds:.2f} s"
           + (f"; {r.limit_hit}" if r.limit_hit else ""))
     if cert_path:
@@ -253,6 +259,7 @@ def result_json(r, sizes, cert_path) -> dict:
         "alternatives": [{"chain": [m.to_json() for m in a.chain], "time_s": a.time_s,
                           "feasible": a.feasible, "why_worse": r.reason_loses(a)}
                          for a in r.alternatives],
+        "refused": [{"rule": k[0], "axis": k[1], "why": v} for k, v in r.refused.items()],
         "search": {"states": r.states, "expanded": r.expanded, "seconds": r.seconds,
                    "limit_hit": r.limit_hit, "lower_bound_s": r.lower_bound_s},
         "sizes": sizes, "certificate": cert_path,

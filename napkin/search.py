@@ -77,6 +77,7 @@ class SearchResult:
     limit_hit: str | None
     graph: nx.DiGraph
     lower_bound_s: float
+    refused: dict = field(default_factory=dict)  # (rule, axis) -> why, at the algorithm itself
 
     def reason_loses(self, alt: State) -> str:
         """Why an alternative is worse than the best, in words."""
@@ -118,10 +119,13 @@ def _grouped_axes(program, path) -> set[str]:
     return axes
 
 
-def moves(program, rules=None):
-    """Every applicable rule application (premises checked)."""
+def moves(program, rules=None, refused: dict | None = None):
+    """Every applicable rule application (premises checked).  ``refused``, if
+    given, collects ``{(rule, axis): reason}`` for proposals whose premises fail."""
     from rewrites import RULES
-    rules = rules or RULES
+    # head_grouping is group_partition at size 1, which the tile optimiser already
+    # reaches through g_k; proposing both would only duplicate states.
+    rules = rules or {k: v for k, v in RULES.items() if k != "head_grouping"}
     for path in _group_paths(program):
         taken = _grouped_axes(program, path)
         for name, rule in rules.items():
@@ -133,7 +137,9 @@ def moves(program, rules=None):
                         continue
                 try:
                     rule.check(program, site, params)
-                except RuleError:
+                except RuleError as e:
+                    if refused is not None:
+                        refused.setdefault((name, params.get("axis")), str(e))
                     continue
                 yield Move(name, site, tuple(sorted(params.items())))
 
@@ -238,6 +244,7 @@ def search(diagram, hardware="h100", sizes=None, dtype=None, *, max_states: int 
     tie = itertools.count()
     frontier = [(root.time_s, len(root.chain), next(tie), root)]
     best, expanded, limit = root, 0, None
+    refused: dict = {}
     while frontier:
         if graph.number_of_nodes() >= max_states:
             limit = f"state limit {max_states} reached ({len(frontier)} states unexpanded)"
@@ -249,7 +256,7 @@ def search(diagram, hardware="h100", sizes=None, dtype=None, *, max_states: int 
         if best.feasible and bound >= best.time_s * (1 - 1e-12):
             break  # nothing can beat the best: it meets the lower bound
         expanded += 1
-        for mv in moves(state.program):
+        for mv in moves(state.program, refused=refused if state is root else None):
             try:
                 child_prog = apply_move(state.program, mv)
             except RuleError:
@@ -286,7 +293,7 @@ def search(diagram, hardware="h100", sizes=None, dtype=None, *, max_states: int 
             break
     ev.report(best)
     return SearchResult(diagram, best, ranked, graph.number_of_nodes(), expanded,
-                        time.perf_counter() - t0, limit, graph, bound)
+                        time.perf_counter() - t0, limit, graph, bound, refused)
 
 
 def _too_small(states, ev) -> str:

@@ -176,12 +176,11 @@ class StreamPartition(Rule):
         return replace_at(program, site.path, to_diagram(splice(reg, box)))
 
     def candidates(self, program, path=()):
-        """Whole-body sites, for every axis that some input carries and no output keeps."""
+        """Whole-body sites, for every axis some input carries (the premises
+        then say why an axis that an output keeps cannot be streamed)."""
         body = body_at(program, path)
         graph = to_graph(body)
         order = op_order(graph)
-        outs = {a for v in graph.graph["outputs"] for a in ob(graph, v).type.names}
         axes = dict.fromkeys(a for v in graph.graph["inputs"] for a in ob(graph, v).type.names)
         for axis in axes:
-            if axis not in outs:
-                yield Site(tuple(path), tuple(range(len(order)))), {"axis": axis}
+            yield Site(tuple(path), tuple(range(len(order)))), {"axis": axis}

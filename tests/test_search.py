@@ -1,0 +1,161 @@
+"""The search finds, from the plain algorithm diagrams, the streamed programs the
+paper derives by hand — using nothing but the rules — and says why not otherwise."""
+import dataclasses
+
+import pytest
+
+from napkin.errors import NapkinError
+from napkin.hardware import get_hardware
+from napkin.library import get
+from napkin.search import Evaluator, State, enumerate_chains, search
+from napkin.certificate import derive
+from napkin.checker import check_certificate
+
+H100 = "h100"
+
+
+def chain(r):
+    return [(m.rule, dict(m.params).get("axis")) for m in r.best.chain]
+
+
+def streams(program):
+    """(axis, rule) of every stream box, at any depth."""
+    out = []
+    for b in program.boxes:
+        spec = getattr(b, "data", None)
+        if spec is None:
+            continue
+        if spec.kind == "stream":
+            out.append((spec.axis, spec.rule))
+        if spec.kind == "group":
+            out += streams(spec.body)
+    return out
+
+
+def groups(program):
+    out = []
+    for b in program.boxes:
+        spec = getattr(b, "data", None)
+        if spec is not None and spec.kind == "group":
+            out.append(spec.axis)
+            out += groups(spec.body)
+    return out
+
+
+def test_matmul_square_tiles_and_summed_contraction():
+    r = search(get("matmul").diagram(), H100, dict(a=4096, b=4096, c=4096), "bf16")
+    assert set(groups(r.best.program)) == {"a", "c"}
+    assert streams(r.best.program) == [("b", "sum_contraction")]
+    t = r.best.tiles.values
+    assert t["g_a"] == t["g_c"]  # square output tiles
+
+
+def test_attention_is_flash_attention():
+    r = search(get("attention").diagram(), H100, dict(q=4096, x=4096, d=128), "bf16")
+    assert chain(r) == [("group_partition", "q"), ("stream_partition", "x")]
+    assert streams(r.best.program) == [("x", "softmax_contraction")]
+    # nothing of size q×x leaves the chip: no wire outside the stream carries both
+    for b in r.best.program.boxes:
+        assert not any(ob.type.has("q") and ob.type.has("x") for ob in b.cod.inside)
+    g = r.best.tiles.values
+    assert g["s_x"] <= 64 < g["g_q"]  # a small chunk, spending memory on the query group
+    # and the largest query group that fits: the next power of two does not fit
+    hw = get_hardware(H100).two_level()
+    cap = hw.level("smem").capacity_bytes
+    bigger = [i for i in range(r.best.grid.n)
+              if r.best.grid.flat[list(r.best.grid.cands).index("g_q")][i] == 2 * g["g_q"]]
+    assert all(r.best.grid.mem["smem"][i] > cap for i in bigger)
+
+
+@pytest.mark.parametrize("name", ["causal_attention", "sliding_window_attention",
+                                  "softcap_attention"])
+def test_attention_variants_stream_the_key_axis(name):
+    r = search(get(name).diagram(), H100, dict(q=2048, x=2048, d=64), "bf16")
+    assert chain(r) == [("group_partition", "q"), ("stream_partition", "x")]
+
+
+def test_gqa_groups_kv_heads_and_keeps_query_heads_together():
+    r = search(get("gqa").diagram(), H100, dict(k=8, r=4, q=1024, x=1024, d=128), "bf16",
+               max_states=150)
+    assert "k" in groups(r.best.program) and "r" not in groups(r.best.program)
+    assert streams(r.best.program) == [("x", "softmax_contraction")]
+    outer = r.best.program.boxes[0].data
+    assert outer.kind == "group" and outer.axis in ("k", "q")
+
+
+def test_cross_entropy_streams_the_vocabulary():
+    r = search(get("cross_entropy").diagram(), H100, dict(n=4096, v=32768), "bf16")
+    assert streams(r.best.program) == [("v", "logsumexp+sum_contraction")]
+
+
+def test_rmsnorm_matmul_factors_the_normaliser_then_streams():
+    r = search(get("rmsnorm_matmul").diagram(), H100, dict(n=4096, d=4096, e=4096), "bf16")
+    rules = [m.rule for m in r.best.chain]
+    assert "normalized_contraction" in rules
+    assert [a for a, _ in streams(r.best.program)] == ["d"]
+
+
+def test_plain_softmax_has_no_streamed_form_and_says_why():
+    r = search(get("softmax").diagram(), H100, dict(n=4096, v=32768), "bf16")
+    assert streams(r.best.program) == []
+    assert "its output P[n,v] keeps axis v" in r.refused[("stream_partition", "v")]
+
+
+def test_budget_too_small_names_the_smallest_that_fits():
+    hw = get_hardware(H100).two_level()
+    levels = list(hw.levels)
+    levels[1] = dataclasses.replace(levels[1], capacity_bytes=512)
+    tiny = dataclasses.replace(hw, levels=tuple(levels), name="tiny")
+    with pytest.raises(NapkinError, match=r"budget is 512 bytes \(a budget of at least \d+ bytes"):
+        search(get("attention").diagram(), tiny, dict(q=1024, x=1024, d=128), "bf16")
+
+
+def test_limits_are_reported():
+    r = search(get("attention").diagram(), H100, dict(q=4096, x=4096, d=128), "bf16",
+               max_states=12)
+    assert r.limit_hit and "state limit 12" in r.limit_hit
+
+
+def test_alternatives_say_why_they_lose():
+    r = search(get("attention").diagram(), H100, dict(q=4096, x=4096, d=128), "bf16")
+    assert r.alternatives
+    reasons = [r.reason_loses(a) for a in r.alternatives]
+    assert any("does not fit on chip" in x for x in reasons)
+    assert all(a.time_s >= r.best.time_s for a in r.alternatives)
+
+
+@pytest.mark.parametrize("name,sizes,depth", [
+    ("attention", dict(q=2048, x=2048, d=64), 3),
+    ("matmul", dict(a=2048, b=2048, c=2048), 3),
+    ("cross_entropy", dict(n=2048, v=8192), 2),
+])
+def test_exhaustive_enumeration_agrees(name, sizes, depth):
+    d = get(name).diagram()
+    r = search(d, H100, sizes, "bf16")
+    ev = Evaluator(H100, sizes, "bf16")
+    best = float("inf")
+    for prog, chain_ in enumerate_chains(d, depth):
+        s = State("", prog, chain_)
+        ev(s)
+        best = min(best, s.time_s)
+    assert r.best.time_s == pytest.approx(best, rel=1e-12)
+
+
+def test_best_chain_is_a_certificate_the_checker_accepts():
+    r = search(get("attention").diagram(), H100, dict(q=4096, x=4096, d=128), "bf16")
+    cert = derive("attention", [(m.rule, m.site, m.params_dict) for m in r.best.chain],
+                  dict(q=9, x=11, d=4), {"g_q": 4, "s_x": 4})
+    report = check_certificate(cert)
+    assert report.ok, str(report)
+
+
+def test_user_algorithm_is_searched_like_a_library_one():
+    import napkin as nk
+    from napkin import ops
+    q, x, d = nk.axes("q x d")
+
+    @nk.algorithm(Q=(q, d), K=(x, d), V=(x, d))
+    def sigmoid_attention(Q, K, V):
+        return ops.contract(ops.sigmoid(ops.contract(Q, K, out=(q, x))), V, out=(q, d))
+    r = search(sigmoid_attention, H100, dict(q=4096, x=4096, d=128), "bf16")
+    assert streams(r.best.program) == [("x", "sum_contraction")]
