@@ -119,7 +119,7 @@ def _grouped_axes(program, path) -> set[str]:
     return axes
 
 
-def moves(program, rules=None, refused: dict | None = None):
+def moves(program, rules=None, refused: dict | None = None, levels=None):
     """Every applicable rule application (premises checked).  ``refused``, if
     given, collects ``{(rule, axis): reason}`` for proposals whose premises fail."""
     from rewrites import RULES
@@ -130,6 +130,8 @@ def moves(program, rules=None, refused: dict | None = None):
         taken = _grouped_axes(program, path)
         for name, rule in rules.items():
             for site, params in rule.candidates(program, path):
+                if levels is not None and params.get("level", levels[-1]) not in levels:
+                    continue  # a level this hierarchy does not have
                 if name in ("group_partition", "head_grouping"):
                     if params.get("axis") in taken:
                         continue  # re-tiling a tiled axis at the same level: no new program
@@ -183,6 +185,9 @@ class Evaluator:
         from napkin.hardware import get_hardware
         hw = get_hardware(hardware)
         self.hw = hw.two_level() if levels == "two" and len(hw.levels) > 2 else hw
+        # level names the rules may use: a two-level profile keeps its on-chip level
+        # under the name the rules know ("smem")
+        self.levels = [lv.name.split("[")[0] for lv in self.hw.levels]
         self.sizes, self.dtype, self.objective = dict(sizes), dtype, objective
 
     def __call__(self, state: State) -> None:
@@ -256,7 +261,8 @@ def search(diagram, hardware="h100", sizes=None, dtype=None, *, max_states: int 
         if best.feasible and bound >= best.time_s * (1 - 1e-12):
             break  # nothing can beat the best: it meets the lower bound
         expanded += 1
-        for mv in moves(state.program, refused=refused if state is root else None):
+        for mv in moves(state.program, refused=refused if state is root else None,
+                        levels=ev.levels):
             try:
                 child_prog = apply_move(state.program, mv)
             except RuleError:

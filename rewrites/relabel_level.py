@@ -49,3 +49,12 @@ class RelabelLevel(Rule):
         node["box"] = make_op(Group(spec.axis, spec.size, spec.body, level), dom,
                               [o.name for o in node["box"].cod.inside], node["box"].name)
         return replace_at(program, site.path, to_diagram(g))
+
+    def candidates(self, program, path=()):
+        """Every group of the body, to every level below its own."""
+        g = to_graph(body_at(program, path))
+        for i, n in enumerate(op_order(g)):
+            spec = g.nodes[n]["box"].data
+            if spec.kind == "group":
+                for level in LEVELS[LEVELS.index(spec.level) + 1:]:
+                    yield Site(tuple(path), (i,)), {"level": level}
