@@ -1,0 +1,88 @@
+"""Search benchmark: states explored, wall time, best modelled time and its
+ratio to the lower bound, per algorithm and hierarchy depth.
+
+    python benchmarks/search.py [--quick]
+
+Two levels = GMEM + SMEM (the paper's setting); four = GMEM → L2 → SMEM →
+registers.  The last row is a chain of four cross-attention layers with their
+projections stated as one diagram (≥ 20 boxes).  Prints a table with ratios.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import napkin as nk
+from napkin import ops
+from napkin.library import get
+from napkin.search import search
+
+CASES = [
+    ("attention", dict(q=4096, x=4096, d=128)),
+    ("matmul", dict(a=4096, b=4096, c=4096)),
+    ("causal_attention", dict(q=4096, x=4096, d=128)),
+    ("gqa", dict(k=8, r=4, q=4096, x=4096, d=128)),
+    ("cross_entropy", dict(n=4096, v=32768)),
+    ("rmsnorm_matmul", dict(n=4096, d=4096, e=4096)),
+]
+
+
+def attention_stack(layers: int = 4):
+    """Queries X[q,m] attend to a context C[x,m], layer after layer, with projections."""
+    q, x, m, d = nk.axes("q x m d")
+    weights = {}
+    for i in range(layers):
+        for w, shape in (("Wq", (m, d)), ("Wk", (m, d)), ("Wv", (m, d)), ("Wo", (d, m))):
+            weights[f"{w}{i}"] = shape
+
+    def stack(X, C, *Ws):
+        W = dict(zip(weights, Ws))
+        for i in range(layers):
+            Q = ops.contract(X, W[f"Wq{i}"], out=(q, d), name=f"Q{i}")
+            K = ops.contract(C, W[f"Wk{i}"], out=(x, d), name=f"K{i}")
+            V = ops.contract(C, W[f"Wv{i}"], out=(x, d), name=f"V{i}")
+            S = ops.scale(ops.contract(Q, K, out=(q, x), name=f"QK{i}"), 1 / d.size ** 0.5)
+            O = ops.contract(ops.softmax(S, x), V, out=(q, d), name=f"PV{i}")
+            X = ops.contract(O, W[f"Wo{i}"], out=(q, m), name=f"out{i}")
+        return X
+    return nk.trace(stack, {"X": (q, m), "C": (x, m), **weights}, f"attention_stack{layers}")
+
+
+def run(name, diagram, sizes, levels, max_states, max_seconds):
+    t0 = time.perf_counter()
+    r = search(diagram, "h100", sizes, "bf16", levels=levels, max_states=max_states,
+               max_seconds=max_seconds)
+    wall = time.perf_counter() - t0
+    return (name, levels, len([b for b in diagram.boxes if getattr(b, "data", None)]),
+            r.states, r.expanded, wall, r.best.time_s, r.best.time_s / r.lower_bound_s,
+            r.limit_hit or "", " → ".join(m.rule.split("_")[0] + (f"({dict(m.params).get('axis')})"
+                                                                if "axis" in dict(m.params) else "")
+                                        for m in r.best.chain))
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--quick", action="store_true", help="two levels only, small limits")
+    p.add_argument("--max-states", type=int, default=400)
+    p.add_argument("--max-seconds", type=float, default=60.0)
+    a = p.parse_args()
+    rows = []
+    levels = ("two",) if a.quick else ("two", "all")
+    for name, sizes in CASES:
+        for lv in levels:
+            rows.append(run(name, get(name).diagram(), sizes, lv, a.max_states, a.max_seconds))
+    if not a.quick:
+        rows.append(run("attention_stack4", attention_stack(4),
+                        dict(q=4096, x=4096, m=4096, d=128), "two", a.max_states, a.max_seconds))
+    head = ("algorithm", "levels", "boxes", "states", "expanded", "wall s", "best time s",
+            "÷ bound", "limit", "chain")
+    widths = [max(len(str(x)) if not isinstance(x, float) else 10 for x in col)
+              for col in zip(head, *rows)]
+    fmt = lambda v: f"{v:.3g}" if isinstance(v, float) else str(v)  # noqa: E731
+    print("  ".join(h.ljust(w) for h, w in zip(head, widths)))
+    for r in rows:
+        print("  ".join(fmt(v).ljust(w) for v, w in zip(r, widths)))
+
+
+if __name__ == "__main__":
+    main()
