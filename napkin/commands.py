@@ -146,23 +146,25 @@ def _cost(args) -> int:
           + ", ".join(f"{k}={v}" for k, v in sizes.items()))
     print(f"program: {' → '.join(chain) or '(no rewrite)'}; tiles "
           + ", ".join(f"{k}={v['value']}" for k, v in data["tiles"].items()))
-    rows = [("level", "transfers (values)", "bytes", "memory (bytes)", "time (s)")]
+    rows = [("level", "transfers (values)", "transfers (bytes)", "memory (bytes)",
+             "capacity", "time (s)", "symbolic transfers")]
     for lv in c.levels:
-        rows.append((lv, _fmt(data, "transfers", lv), _fmt(data, "transfers_bytes", lv),
-                     _fmt(data, "memory_bytes", lv), _fmt(data, "time_s", lv)))
+        tr, mem = data["transfers"].get(lv, {}), data["memory"].get(lv, {})
+        rows.append((lv, _num(tr.get("values")), _num(tr.get("bytes")), _num(mem.get("bytes")),
+                     _num(mem.get("capacity_bytes")), _num(data["time_s"].get(lv)),
+                     tr.get("expr", "-")))
     print(table(rows))
-    print(f"flops {data['flops']['value']:.4g}; time {data['time_s']['total']:.4g} s "
-          f"(bound by {data.get('bound_by')}); lower-bound ratio "
-          f"{data.get('lower_bound_ratio')}")
+    print(f"flops {data['flops']['total']:.4g} ({data['flops']['expr']}); compute "
+          f"{data['time_s']['compute']:.4g} s; total {data['time_s']['total']:.4g} s, bound by "
+          f"{data['time_s']['bound_by']}")
+    print(f"canonical form H*(M) = {data.get('canonical_expr')}; transfers / lower bound = "
+          f"{data.get('lower_bound_ratio'):.3g}")
     if args.plot:
         print(f"plot: {args.plot}")
     return 0
 
 
-def _fmt(data, key, lv):
-    v = data.get(key, {}).get(lv)
-    if isinstance(v, dict):
-        v = v.get("value")
+def _num(v) -> str:
     return "-" if v is None else (f"{v:.4g}" if isinstance(v, (int, float)) else str(v))
 
 
