@@ -59,6 +59,9 @@ class SoftmaxContraction(Streamability):
         delta = ops.exp(ops.sub(mu, mu2), as_="delta")
         p = ops.exp(ops.sub(x, mu2), as_="p")
         z2 = ops.add(ops.mul(z, delta), ops.sum_(p, axis), as_="z")
+        low = [v.type.dtype for v in others if v.type.dtype in ("bf16", "f16", "fp8")]
+        if low:  # as FlashAttention does: p·V on the tensor cores in V's precision
+            p = ops.cast(p, low[0], as_="p")
         args = others[:claim.data["port"]] + [p] + others[claim.data["port"]:]
         pv = ops.contract(*args, out=list(claim.data["out"]), name="Σ p·v")
         o2 = ops.add(ops.mul(o, delta), pv, as_="o")

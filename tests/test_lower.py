@@ -1,0 +1,297 @@
+"""Lowering streamed programs to Pallas (Triton backend) kernels.
+
+Every library algorithm with a streamed derivation is lowered and run in
+interpret mode against its plain-jnp reference (float32 and bfloat16, sizes the
+tiles divide and ragged ones), and every kernel written here is also lowered
+for CUDA on this CPU (an abstract H100), which catches Triton-only errors.
+"""
+import importlib.util
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import sympy
+
+from napkin import ops
+from napkin.arrays import axes
+from napkin.errors import NapkinError
+from napkin.ir import ops as op_order, to_graph
+from napkin.library import get
+from napkin.lower import export_cuda, hbm_bytes, lower
+from napkin.lower.traffic import traffic
+from napkin.region import Site, body_at
+from napkin.trace import Array, trace
+from rewrites import RULES
+
+pytestmark = [pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated"),
+              pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")]
+
+
+def derive(name, steps, program=None):
+    p = program if program is not None else get(name).diagram()
+    for rule, path, params in steps:
+        params = dict(params)
+        ops = params.pop("ops", None)
+        if ops is None:
+            ops = tuple(range(len(op_order(to_graph(body_at(p, path))))))
+        p = RULES[rule].apply(p, Site(tuple(path), tuple(ops)), params)
+    return p
+
+
+FLASH = [("group_partition", (), {"axis": "q"}), ("stream_partition", (0,), {"axis": "x"})]
+FLASH_T = dict(g_q=16, s_x=16)
+HEADS = [("group_partition", (), {"axis": "h"}), ("group_partition", (0,), {"axis": "q"}),
+         ("stream_partition", (0, 0), {"axis": "x"})]
+GQA = [("head_grouping", (), {"axis": "k"}), ("group_partition", (0,), {"axis": "q"}),
+       ("stream_partition", (0, 0), {"axis": "x"})]
+ROWS = [("group_partition", (), {"axis": "n"}), ("stream_partition", (0,), {"axis": "v"})]
+MATMUL = [("group_partition", (), {"axis": "a"}), ("group_partition", (0,), {"axis": "c"}),
+          ("stream_partition", (0, 0), {"axis": "b"})]
+BMM = [("group_partition", (), {"axis": "batch"}), ("group_partition", (0,), {"axis": "a"}),
+       ("group_partition", (0, 0), {"axis": "c"}), ("stream_partition", (0, 0, 0), {"axis": "b"})]
+RMS = [("normalized_contraction", (), {"ops": (6,)}), ("group_partition", (), {"axis": "n"}),
+       ("stream_partition", (0,), {"axis": "d"})]
+
+# name: (derivation, tiles, aligned sizes, ragged sizes)
+CASES = {
+    "attention": (FLASH, FLASH_T, dict(q=64, x=64, d=32), dict(q=50, x=37, d=16)),
+    "causal_attention": (FLASH, FLASH_T, dict(q=64, x=64, d=32), dict(q=50, x=37, d=16)),
+    "sliding_window_attention": (FLASH, FLASH_T, dict(q=64, x=64, d=16),
+                                 dict(q=50, x=37, d=16)),
+    "softcap_attention": (FLASH, FLASH_T, dict(q=32, x=64, d=16), dict(q=50, x=37, d=16)),
+    "mha": (HEADS, dict(g_h=1, **FLASH_T), dict(h=2, q=32, x=32, d=16),
+            dict(h=2, q=40, x=24, d=16)),
+    "gqa": (GQA, FLASH_T, dict(k=2, r=4, q=32, x=32, d=16), dict(k=2, r=4, q=20, x=24, d=16)),
+    "mqa": (FLASH, FLASH_T, dict(h=4, q=32, x=32, d=16), dict(h=4, q=20, x=24, d=16)),
+    "matmul": (MATMUL, dict(g_a=16, g_c=16, s_b=16), dict(a=32, b=64, c=32),
+               dict(a=40, b=37, c=24)),
+    "batched_matmul": (BMM, dict(g_batch=1, g_a=16, g_c=16, s_b=16),
+                       dict(batch=2, a=32, b=32, c=16), dict(batch=2, a=20, b=37, c=24)),
+    "logsumexp": (ROWS, dict(g_n=16, s_v=16), dict(n=32, v=64), dict(n=40, v=37)),
+    "cross_entropy": (ROWS, dict(g_n=16, s_v=16), dict(n=32, v=64), dict(n=40, v=37)),
+    "linear_cross_entropy": (ROWS, dict(g_n=16, s_v=16), dict(n=32, v=64, d=16),
+                             dict(n=40, v=37, d=16)),
+    "rmsnorm_matmul": (RMS, dict(g_n=16, s_d=16), dict(n=32, d=64, e=16),
+                       dict(n=40, d=37, e=16)),
+}
+TOL = {"f32": 1e-5, "bf16": 2e-2}
+_KERNELS = {}
+
+
+def kernel_for(name, dtype="f32", steps=None, tiles=None):
+    key = (name, dtype, repr(steps), repr(tiles))
+    if key not in _KERNELS:
+        steps = steps or CASES[name][0]
+        tiles = tiles or CASES[name][1]
+        _KERNELS[key] = lower(derive(name, steps), tiles, dtype=None if dtype == "f32" else dtype,
+                              name=name)
+    return _KERNELS[key]
+
+
+def inputs(name, sizes, dtype="f32", seed=0):
+    xs = get(name).sample(np.random.default_rng(seed), sizes)
+    return [jnp.asarray(x, jnp.float32 if dtype == "f32" else jnp.bfloat16) for x in xs]
+
+
+def rel_err(out, ref):
+    out, ref = np.asarray(out, np.float64), np.asarray(ref, np.float64)
+    return np.abs(out - ref).max() / np.abs(ref).max()
+
+
+def check(name, kernel, sizes, dtype="f32", seed=0):
+    xs = inputs(name, sizes, dtype, seed)
+    out = kernel(*xs)
+    ref = get(name).reference(*[x.astype(jnp.float32) for x in xs])
+    assert out.shape == ref.shape
+    assert out.dtype == (jnp.float32 if dtype == "f32" else jnp.bfloat16)
+    assert np.isfinite(np.asarray(out, np.float32)).all()
+    assert rel_err(out, ref) <= TOL[dtype], rel_err(out, ref)
+    mlir = export_cuda(kernel, [x.shape for x in xs])
+    assert "__gpu$xla.gpu.triton" in mlir
+    return out, ref
+
+
+# ---------------------------------------------------------------- every algorithm
+@pytest.mark.parametrize("ragged", [False, True], ids=["aligned", "ragged"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_kernel_matches_reference_f32(name, ragged):
+    check(name, kernel_for(name), CASES[name][3 if ragged else 2])
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_kernel_matches_reference_bf16(name):
+    check(name, kernel_for(name, "bf16"), CASES[name][3], "bf16", seed=1)
+
+
+@pytest.mark.parametrize("k,r", [(4, 1), (2, 4), (1, 8)], ids=["ratio1", "ratio4", "all_heads"])
+def test_gqa_ratios(k, r):
+    check("gqa", kernel_for("gqa"), dict(k=k, r=r, q=24, x=40, d=16))
+
+
+def test_logsumexp_streamed_at_the_root_runs_as_one_program():
+    kern = kernel_for("logsumexp", steps=[("stream_partition", (), {"axis": "v"})],
+                      tiles=dict(s_v=16))
+    check("logsumexp", kern, dict(n=16, v=40))
+    assert kern.plan((16, 40)).grid == (1,)
+
+
+def test_groups_without_a_stream_load_whole_tiles():
+    kern = kernel_for("matmul", steps=MATMUL[:2], tiles=dict(g_a=16, g_c=16))
+    check("matmul", kern, dict(a=40, b=32, c=24))
+    assert "fori_loop" not in kern.source()
+
+
+# ---------------------------------------------------------------- structure and source
+def test_grid_and_blocks_follow_the_groups():
+    kern = kernel_for("gqa")
+    plan = kern.plan((2, 4, 40, 16), (2, 24, 16), (2, 24, 16))
+    assert plan.grid == (2, 3)                                   # k groups of 1, ⌈40/16⌉
+    assert plan.block_shapes["Q"] == (1, 4, 16, 16)
+    assert plan.block_shapes["K"] == (1, 32, 16)                 # whole x, padded, streamed
+    assert plan.block_shapes["O"] == (1, 4, 16, 16)
+    src = plan.source
+    assert "lambda i0, i1: (i0, 0, 0)" in src                    # K ignores the q grid dim
+    assert "lax.fori_loop" in src or "x_chunk(0" in src
+    assert "pl.ds(x0" in src and "plt.store(" in src              # chunk loads, masked store
+    assert [str(g) for g in kern.grid] == ["k", "ceiling(q/16)"]
+
+
+def test_source_is_a_module_that_runs(tmp_path):
+    kern = kernel_for("causal_attention")
+    xs = inputs("causal_attention", dict(q=50, x=37, d=16))
+    path = tmp_path / "flash.py"
+    path.write_text(kern.source(*[x.shape for x in xs]))
+    spec = importlib.util.spec_from_file_location("flash", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    (out,) = mod.forward(*xs, interpret=True)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(kern(*xs)), rtol=1e-6, atol=1e-6)
+    text = path.read_text()
+    assert "napkin" not in text.split('"""')[2]                   # plain JAX: no napkin import
+    assert "jnp.where(" in text and "lax.dot_general(" in text
+
+
+def test_jit_and_vmap():
+    kern = kernel_for("causal_attention")
+    alg = get("causal_attention")
+    xs = inputs("causal_attention", dict(q=40, x=24, d=16))
+    np.testing.assert_allclose(np.asarray(jax.jit(kern)(*xs)), np.asarray(kern(*xs)),
+                               rtol=1e-6, atol=1e-6)
+    batch = [jnp.stack([x, 2 * x]) for x in xs]
+    out = jax.vmap(kern)(*batch)
+    ref = jax.vmap(alg.reference)(*batch)
+    assert out.shape == (2, 40, 16) and rel_err(out, ref) <= 1e-5
+    shared = jax.vmap(kern, in_axes=(0, None, None))(batch[0], xs[1], xs[2])
+    assert rel_err(shared, jax.vmap(alg.reference, in_axes=(0, None, None))(
+        batch[0], xs[1], xs[2])) <= 1e-5
+
+
+# ---------------------------------------------------------------- masks and tile skipping
+def test_fully_masked_rows_keep_the_meaning_of_the_diagram():
+    # window 4, more queries than keys: rows q >= x + 3 keep no key.  The diagram
+    # (and the reference) give those rows the uniform average of V; so does the
+    # kernel, never NaN.
+    kern = kernel_for("sliding_window_attention")
+    out, ref = check("sliding_window_attention", kern, dict(q=48, x=16, d=16))
+    v = inputs("sliding_window_attention", dict(q=48, x=16, d=16))[2]
+    np.testing.assert_allclose(np.asarray(out)[20:], np.broadcast_to(np.asarray(v).mean(0),
+                                                                     (28, 16)), atol=1e-5)
+
+
+def test_causal_and_window_masks_skip_tiles():
+    shapes = [(64, 32)] * 3
+    full = traffic(kernel_for("attention"), shapes)
+    causal = traffic(kernel_for("causal_attention"), shapes)
+    window = traffic(kernel_for("sliding_window_attention"), shapes)
+    chunk = 16 * 32 * 4
+    assert full.reads["K"] == 16 * chunk                          # 4 tiles × 4 chunks
+    assert causal.reads["K"] == (1 + 2 + 3 + 4) * chunk          # the upper triangle skipped
+    assert window.reads["K"] == (1 + 2 + 2 + 2) * chunk          # window 4: one or two chunks
+    assert "tile skipping" in kernel_for("causal_attention").source(*shapes)
+    assert "tile skipping" not in kernel_for("attention").source(*shapes)
+
+
+@pytest.mark.parametrize("offset,window", [(-20, None), (3, 6)])
+def test_user_written_masked_attention(offset, window):
+    # a diagram written here (not in the library): a shifted causal mask, and a
+    # causal mask combined with a window; rows with no key at all (offset -20)
+    # mean the uniform average, as in the reference below
+    q, x, d = axes("q x d")
+
+    def f(Q, K, V):
+        S = ops.scale(ops.contract(Q, K, out=(q, x)), 1 / sympy.sqrt(d.size))
+        S = ops.causal_mask(S, q, x, offset=offset)
+        if window:
+            S = ops.window_mask(S, q, x, window)
+        return ops.contract(ops.softmax(S, x), V, out=(q, d), as_="O")
+    program = derive(None, FLASH, trace(f, {"Q": Array(q, d), "K": Array(x, d),
+                                            "V": Array(x, d)}, "masked"))
+    kern = lower(program, FLASH_T)
+    rng = np.random.default_rng(3)
+    Q, K, V = [rng.standard_normal(s).astype(np.float32) for s in [(50, 16), (37, 16), (37, 16)]]
+    i, j = np.arange(50)[:, None], np.arange(37)[None]
+    keep = j <= i + offset
+    if window:
+        keep &= (j > i - window) & (j <= i)
+    s = np.where(keep, Q @ K.T / 4.0, -1e30)
+    e = np.exp(s - s.max(1, keepdims=True))
+    ref = (e / e.sum(1, keepdims=True)) @ V
+    out = np.asarray(kern(Q, K, V))
+    assert np.isfinite(out).all() and rel_err(out, ref) <= 1e-5
+    assert traffic(kern, [Q.shape, K.shape, V.shape]).reads["K"] < 4 * 3 * 16 * 16 * 4
+    export_cuda(kern, [Q.shape, K.shape, V.shape])
+
+
+# ---------------------------------------------------------------- traffic
+@pytest.mark.parametrize("g_q,dtype", [(16, "f32"), (32, "f32"), (16, "bf16")])
+def test_attention_hbm_bytes_closed_form(g_q, dtype):
+    q, x, d = 64, 128, 32
+    kern = kernel_for("attention", dtype, tiles=dict(g_q=g_q, s_x=32))
+    nbytes = 4 if dtype == "f32" else 2
+    want = (2 * q * d + 2 * x * d * math.ceil(q / g_q)) * nbytes
+    assert hbm_bytes(kern, [(q, d), (x, d), (x, d)]) == want
+
+
+def test_matmul_hbm_bytes():
+    a, b, c = 64, 48, 32
+    kern = kernel_for("matmul")
+    # A is read once per column tile, B once per row tile, C written once
+    assert hbm_bytes(kern, [(a, b), (b, c)]) == (a * b * (c // 16) + b * c * (a // 16)
+                                                 + a * c) * 4
+
+
+# ---------------------------------------------------------------- errors
+def test_non_power_of_two_tile_is_refused():
+    with pytest.raises(NapkinError, match=r"tile g_q=48 must be a power of two for the Triton"):
+        lower(derive("attention", FLASH), dict(g_q=48, s_x=16))
+    with pytest.raises(NapkinError, match=r"tile s_x=24 must be a power of two"):
+        lower(derive("attention", FLASH), dict(g_q=16, s_x=24))
+
+
+def test_missing_tile_is_named():
+    with pytest.raises(NapkinError, match=r"no tile size for s_x"):
+        lower(derive("attention", FLASH), dict(g_q=16))
+
+
+def test_whole_axis_must_be_a_power_of_two():
+    kern = kernel_for("attention")
+    with pytest.raises(NapkinError, match=r"axis d=24 .* power of two"):
+        kern.plan((32, 24), (32, 24), (32, 24))
+
+
+def test_interpret_is_automatic_on_a_cpu():
+    kern = kernel_for("attention")
+    assert kern.resolve_interpret() == (jax.devices()[0].platform != "gpu")
+    assert kern.resolve_interpret(False) is False
+
+
+def test_triton_compiles_the_kernels_for_hopper():
+    pytest.importorskip("triton")
+    from napkin.lower import compile_ptx
+    for name in ("causal_attention", "gqa", "rmsnorm_matmul"):
+        sizes = CASES[name][3]
+        shapes = [x.shape for x in inputs(name, sizes)]
+        (k,) = compile_ptx(kernel_for(name, "bf16"), shapes)
+        assert 0 < k["shared"] <= 227 * 1024 and ".target sm_90" in k["ptx"]
