@@ -200,13 +200,26 @@ def _algorithms(args) -> int:
          arg("-o", "--output", metavar="PATH", default=None,
              help="file to write, .png or .svg (default: ALGO.png)"),
          arg("--dtype", default="f32", metavar="DT",
-             help="storage dtype of the inputs (default: f32)"))
+             help="storage dtype of the inputs (default: f32)"),
+         arg("--streamed", action="store_true",
+             help="draw the best streamed program instead (groups and streams as frames, "
+                  "arrays coloured by memory level)"),
+         arg("--hardware", default="h100", metavar="NAME", help="for --streamed (default: h100)"))
 def _draw(args) -> int:
     from napkin.arrays import canonical_dtype
     from napkin.drawing import draw
     algo = _algorithm(args.algorithm)
     dtype = canonical_dtype(args.dtype)
     diagram = algo.diagram(dtype)
+    if args.streamed:
+        from napkin.drawing_streamed import draw_streamed
+        from napkin.commands import sizes_for
+        from napkin.search import search
+        r = search(diagram, args.hardware, sizes_for(diagram, {}), "bf16")
+        path = draw_streamed(r.best.program, args.output or f"{algo.name}_streamed.png",
+                             hardware=args.hardware, tiles=r.best.tile_values)
+        print(path)
+        return 0
     title = f"{algo.name}: {signature(diagram).replace(' -> ', ' → ')}"
     if dtype != "f32":
         title += f"  ({dtype})"

@@ -196,8 +196,9 @@ def _optimize(args) -> int:
     if args.certificate:
         cert_path = write_certificate(args, name, r)
     if args.draw:
-        from napkin.drawing import draw_side_by_side
-        draw_side_by_side(diagram, r.best.program, args.draw, titles=(name, "streamed program"))
+        from napkin.drawing_streamed import draw_before_after
+        draw_before_after(diagram, r.best.program, args.draw, hardware=args.hardware,
+                          tiles=r.best.tile_values)
     if args.json:
         print(json.dumps(_jsonable(result_json(r, sizes, cert_path)), indent=2, sort_keys=True))
         return 0
@@ -266,3 +267,257 @@ def result_json(r, sizes, cert_path) -> dict:
                    "limit_hit": r.limit_hit, "lower_bound_s": r.lower_bound_s},
         "sizes": sizes, "certificate": cert_path,
     }
+
+
+# ----------------------------------------------------------------------------- lower / run / demo
+RUN_SIZES = {"q": 256, "x": 256, "d": 64, "a": 256, "b": 256, "c": 256, "h": 2, "k": 2, "r": 2,
+             "n": 128, "v": 1024, "e": 128, "batch": 2}
+INTERPRET = arg("--interpret", choices=("auto", "on", "off"), default="auto",
+                help="Pallas interpret mode: auto = when no GPU is present")
+
+
+def _interpret(mode: str):
+    return {"auto": "auto", "on": True, "off": False}[mode]
+
+
+def _on_gpu() -> bool:
+    import jax
+    return jax.devices()[0].platform == "gpu"
+
+
+def pipeline(name, diagram, sizes, hardware, dtype, cert_path=None, base=None,
+             from_=None, out=print, fit=False):
+    """optimise → certificate → check → lower; returns (result, certificate report, kernel).
+    With ``fit``, the program is searched at full scale (library default sizes) and its
+    tiles shrunk to the small run."""
+    from napkin.certificate import derive
+    from napkin.checker import check_certificate
+    from napkin.library import DEFAULT_SIZES
+    from napkin.lower import lower
+    from napkin.search import search
+    full = {a: DEFAULT_SIZES.get(a, n) for a, n in sizes.items()} if fit else sizes
+    r = search(diagram, hardware, full, dtype)
+    tiles = fit_tiles(r.best.tiles.values, r.best.program, sizes) if fit else dict(r.best.tiles.values)
+    out("chain: " + " → ".join(str(m) for m in r.best.chain))
+    out("tiles: " + ", ".join(f"{k}={v}" for k, v in tiles.items())
+        + f"; modelled time {r.best.time_s:.3g} s ({r.best.bound_by}-bound)")
+    small, small_tiles = check_instance(sizes, tiles)
+    cert = derive({"from": from_} if from_ else name,
+                  [(m.rule, m.site, m.params_dict) for m in r.best.chain], small, small_tiles,
+                  base=base)
+    if cert_path:
+        cert.save(cert_path)
+    report = check_certificate(cert)
+    out(f"certificate: {report}")
+    if not report.ok:
+        raise NapkinError(f"the derived certificate does not check: {report}")
+    return r, report, lower(r.best.program, tiles, dtype=dtype,
+                            name=name.replace(":", "_").replace("/", "_"))
+
+
+def run_and_compare(kernel, alg, diagram, sizes, dtype, interpret, out=print):
+    """Random inputs → kernel and reference; returns (max relative error, seconds)."""
+    import time
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from napkin.primitives import JNP_DTYPES
+    from napkin.semantics import evaluate
+    rng = np.random.default_rng(0)
+    xs64 = alg.sample(rng, sizes) if alg is not None else _sample(diagram, sizes, rng)
+    xs = [jnp.asarray(x, JNP_DTYPES[dtype]) for x in xs64]
+    kernel(*xs, interpret=interpret)  # compile
+    t0 = time.perf_counter()
+    y = jax.block_until_ready(kernel(*xs, interpret=interpret))
+    wall = time.perf_counter() - t0
+    jax.config.update("jax_enable_x64", True)  # the reference runs in float64
+    ref = alg.reference(*[jnp.asarray(x, jnp.float64) for x in xs]) if alg is not None \
+        else evaluate(diagram)(*[jnp.asarray(x, jnp.float64) for x in xs])
+    ref, y = np.asarray(ref, np.float64), np.asarray(jnp.asarray(y, jnp.float32), np.float64)
+    err = float(np.max(np.abs(y - ref)) / max(float(np.max(np.abs(ref))), 1e-300))
+    return err, wall
+
+
+def fit_tiles(tiles: dict, program, sizes: dict) -> dict:
+    """Tiles found for large sizes, shrunk (powers of two) so that a small run
+    still has several groups and chunks: at most a quarter of the axis."""
+    from napkin.cost import cost
+    axis_of = {t.name: info.axis for t, info in cost(program, "h100").tiles.items()}
+    out = {}
+    for name, value in tiles.items():
+        n = sizes.get(axis_of.get(name, ""), value)
+        cap = 1
+        while cap * 2 <= max(n // 4, 1):
+            cap *= 2
+        out[name] = max(1, min(int(value), cap))
+    return out
+
+
+def _sample(diagram, sizes, rng):
+    import numpy as np
+    return [rng.standard_normal([sizes[str(a.size)] if not isinstance(a.size, int) else a.size
+                                 for a in ob.type.axes]) for ob in diagram.dom.inside]
+
+
+TOL = {"f32": 1e-5, "bf16": 2e-2, "f16": 1e-2}
+
+
+@command("lower", "write the Pallas kernel of an algorithm's best program (or a certificate's)",
+         arg("algorithm", metavar="ALGO|CERTIFICATE", nargs="?"), FROM, SIZE, HARDWARE, DTYPE,
+         arg("--emit", metavar="PATH", help="write the kernel's Python source here"))
+def _lower(args) -> int:
+    from napkin.lower import lower
+    name, diagram, cert = load(args.algorithm, args.from_)
+    if cert is not None:
+        program, tiles, sizes = replay(cert), dict(cert.tiles), dict(cert.sizes)
+    else:
+        sizes = sizes_for(diagram, parse_sizes(args.size))
+        from napkin.search import search
+        r = search(diagram, args.hardware, sizes, args.dtype)
+        program, tiles = r.best.program, dict(r.best.tiles.values)
+    k = lower(program, tiles, dtype=args.dtype, name=str(name).replace(":", "_").replace("/", "_"))
+    shapes = [tuple(sizes[str(a.size)] if not isinstance(a.size, int) else a.size
+                    for a in ob.type.axes) for ob in diagram.dom.inside]
+    src = k.source(*shapes)
+    if args.emit:
+        Path(args.emit).write_text(src)
+        print(f"kernel source ({len(src.splitlines())} lines): {args.emit}")
+    else:
+        print(src)
+    return 0
+
+
+@command("run", "optimise → check the certificate → lower → run on random inputs → compare",
+         arg("algorithm", metavar="ALGO", nargs="?"), FROM, SIZE, HARDWARE,
+         arg("--dtype", default="f32", metavar="DT", help="input dtype (default: f32)"), INTERPRET)
+def _run(args) -> int:
+    from napkin.lower import hbm_bytes
+    name, diagram, _ = load(args.algorithm, args.from_)
+    given = parse_sizes(args.size)
+    interpret = _interpret(args.interpret)
+    small = interpret is True or (interpret == "auto" and not _on_gpu())
+    base = {**RUN_SIZES, **given} if small else given
+    sizes = sizes_for(diagram, {k: v for k, v in base.items()
+                                if k in _axes(diagram)})
+    print(f"{name}: sizes " + ", ".join(f"{k}={v}" for k, v in sizes.items())
+          + (" (interpret mode: small default sizes)" if small and not given else ""))
+    alg = None if args.from_ else _library(name)
+    r, report, k = pipeline(name, diagram, sizes, args.hardware, args.dtype, base=Path.cwd(),
+                            from_=args.from_, fit=small)
+    err, wall = run_and_compare(k, alg, diagram, sizes, args.dtype, interpret)
+    shapes = [tuple(sizes[str(a.size)] if not isinstance(a.size, int) else a.size
+                    for a in ob.type.axes) for ob in diagram.dom.inside]
+    tol = TOL.get(args.dtype, 2e-2)
+    from napkin.cost import cost
+    from napkin.hardware import get_hardware
+    model = cost(r.best.program, get_hardware(args.hardware).two_level(),
+                 args.dtype).evaluate({**sizes, **{str(t): v for t, v in k.tiles.items()}})
+    level = list(model["transfers_bytes"])[-1]
+    print(f"max relative error vs reference {err:.2e} (tolerance {tol:g}); wall {wall * 1e3:.1f} ms"
+          f" ({'interpret' if small else 'GPU'}); modelled {model['time_s']['total'] * 1e3:.4g} ms"
+          f" on {args.hardware}; HBM bytes {hbm_bytes(k, shapes):.4g} "
+          f"(model {model['transfers_bytes'][level]:.4g}; tiles "
+          + ", ".join(f"{t}={v}" for t, v in k.tiles.items()) + ")")
+    if err > tol:
+        raise NapkinError(f"kernel differs from the reference: relative error {err:.2e} > {tol:g}")
+    return 0
+
+
+def _axes(diagram):
+    from napkin.certificate import size_symbols
+    return size_symbols(diagram)
+
+
+def _library(name):
+    from napkin.library import LIBRARY
+    return LIBRARY.get(name)
+
+
+@command("demo", "the main job on attention: state, search, prove, draw, lower, run, verify",
+         arg("--out", default="napkin-demo", metavar="DIR", help="where pictures and files go"),
+         INTERPRET)
+def _demo(args) -> int:
+    import time
+    import napkin as nk
+    from napkin import ops
+    from napkin.drawing import draw, draw_side_by_side
+    t0 = time.perf_counter()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    q, x, d = nk.axes("q x d")
+
+    def attention(Q, K, V):
+        S = ops.scale(ops.contract(Q, K, out=(q, x), name="QK^T"), 1 / d.size ** 0.5)
+        return ops.contract(ops.softmax(S, x), V, out=(q, d), name="PV")
+    diagram = nk.trace(attention, {"Q": (q, d), "K": (x, d), "V": (x, d)}, "attention")
+    print(f"1. stated: {signature(diagram)} ({len([b for b in diagram.boxes if b.data])} boxes)")
+    draw(diagram, out / "attention.png", title="attention")
+    print("2. searched (H100, q = x = 4096, d = 128):")
+    from napkin.search import search
+    r = search(diagram, "h100", {"q": 4096, "x": 4096, "d": 128}, "bf16")
+    for i, m in enumerate(r.best.chain, 1):
+        print(f"   {i}. {m}")
+    print(f"   tiles {r.best.tiles.values}; modelled {r.best.time_s * 1e6:.2f} µs, "
+          f"{r.states} states in {r.seconds:.1f} s")
+    from proofs import prove_rule
+    from rewrites import RULES, STREAMABILITY
+    used = {m.rule for m in r.best.chain} | {"softmax_contraction"}
+    rules = [x for x in [*RULES.values(), *STREAMABILITY] if x.name in used]
+    proved = [prove_rule(x) for x in rules]
+    print("3. proved: " + ", ".join(f"{p.rule} ({'ok' if p.ok else 'FAILED'})" for p in proved))
+    from napkin.certificate import derive
+    from napkin.checker import check_certificate
+    cert = derive("attention", [(m.rule, m.site, m.params_dict) for m in r.best.chain],
+                  {"q": 9, "x": 11, "d": 4}, {"g_q": 4, "s_x": 4})
+    cert.save(out / "attention.cert.json")
+    rep = check_certificate(cert)
+    print(f"   certificate {out / 'attention.cert.json'}: {rep}")
+    draw_side_by_side(diagram, r.best.program, out / "before_after.png",
+                      titles=("attention", "streamed program"))
+    print(f"4. drawn: {out / 'attention.png'}, {out / 'before_after.png'}")
+    from napkin.lower import lower
+    from napkin.library import get
+    sizes = {"q": 256, "x": 256, "d": 64}
+    tiles = fit_tiles(r.best.tiles.values, r.best.program, sizes)
+    k = lower(r.best.program, tiles, name="attention")
+    shapes = ((256, 64), (256, 64), (256, 64))
+    (out / "attention_kernel.py").write_text(k.source(*shapes))
+    print(f"5. lowered: grid {k.plan(*shapes).grid}, tiles {tiles} (the H100 tiles, shrunk for "
+          f"a CPU-sized run); source {out / 'attention_kernel.py'}")
+    err, wall = run_and_compare(k, get("attention"), diagram, sizes, "f32",
+                                _interpret(args.interpret))
+    ok = err <= TOL["f32"] and rep.ok and all(p.ok for p in proved)
+    print(f"6. ran at q = x = 256, d = 64: max relative error {err:.2e} vs plain jnp "
+          f"({'interpret mode' if not _on_gpu() else 'GPU'}, {wall * 1e3:.0f} ms)")
+    print(f"{'verified' if ok else 'FAILED'} in {time.perf_counter() - t0:.0f} s")
+    return 0 if ok else 1
+
+
+# ----------------------------------------------------------------------------- pseudocode / hopper
+@command("pseudocode", "looped pseudocode of the best program (or a certificate's), with "
+                       "per-loop memory and transfers that match the cost model",
+         arg("algorithm", metavar="ALGO|CERTIFICATE", nargs="?"), FROM, SIZE, HARDWARE, DTYPE,
+         arg("--markdown", action="store_true", help="Markdown instead of plain text"),
+         arg("--levels", choices=("two", "all"), default="two"),
+         arg("--hopper", action="store_true",
+             help="also the paper's Hopper warpgroup derivation (occupancy, bound unit, TFLOP/s)"))
+def _pseudocode(args) -> int:
+    from napkin.hardware import get_hardware
+    from napkin.pseudocode import pseudocode
+    name, diagram, cert = load(args.algorithm, args.from_)
+    hw = get_hardware(args.hardware)
+    hw2 = hw.two_level() if args.levels == "two" else hw
+    if cert is not None:
+        program, tiles, sizes = replay(cert), dict(cert.tiles), dict(cert.sizes)
+    else:
+        sizes = sizes_for(diagram, parse_sizes(args.size))
+        from napkin.search import search
+        r = search(diagram, hw, sizes, args.dtype, levels=args.levels)
+        program, tiles = r.best.program, r.best.tiles
+    print(pseudocode(program, hw2, sizes, tiles, args.dtype,
+                     fmt="markdown" if args.markdown else "text", title=str(name)))
+    if args.hopper:
+        from napkin.hopper import hopper_attention_config
+        print()
+        print(hopper_attention_config(hw).describe())
+    return 0
