@@ -50,8 +50,12 @@ def attention_stack(layers: int = 4):
 
 def run(name, diagram, sizes, levels, max_states, max_seconds):
     t0 = time.perf_counter()
-    r = search(diagram, "h100", sizes, "bf16", levels=levels, max_states=max_states,
-               max_seconds=max_seconds)
+    try:
+        r = search(diagram, "h100", sizes, "bf16", levels=levels, max_states=max_states,
+                   max_seconds=max_seconds)
+    except nk.NapkinError as e:
+        n = len([b for b in diagram.boxes if getattr(b, "data", None)])
+        return (name, levels, n, "-", "-", time.perf_counter() - t0, "-", "-", "failed", str(e)[:90])
     wall = time.perf_counter() - t0
     return (name, levels, len([b for b in diagram.boxes if getattr(b, "data", None)]),
             r.states, r.expanded, wall, r.best.time_s, r.best.time_s / r.lower_bound_s,

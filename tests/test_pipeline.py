@@ -1,0 +1,141 @@
+"""The pipeline end to end through the CLI: optimise → certificate → check →
+lower → run; plus the kernel's HBM traffic against the cost model."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from napkin.cli import main
+from napkin.cost import cost
+from napkin.hardware import get_hardware
+from napkin.library import get
+from napkin.lower import hbm_bytes, lower
+from napkin.search import search
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(capsys, *argv):
+    status = main(list(argv))
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def test_rules_lists_every_rule(capsys):
+    from rewrites import RULES, STREAMABILITY
+    status, out, _ = run(capsys, "rules")
+    assert status == 0
+    for r in [*RULES.values(), *STREAMABILITY]:
+        assert r.name in out and r.proof in out
+
+
+def test_optimize_writes_a_certificate_that_checks(capsys, tmp_path):
+    cert = tmp_path / "fa.json"
+    status, out, _ = run(capsys, "optimize", "attention", "--hardware", "h100", "--json",
+                         "--certificate", str(cert))
+    assert status == 0
+    data = json.loads(out)
+    assert [s["rule"] for s in data["chain"]] == ["group_partition", "stream_partition"]
+    assert {"tiles", "cost", "alternatives", "search"} <= set(data)
+    assert data["search"]["states"] > 0 and data["search"]["seconds"] > 0
+    status, out, _ = run(capsys, "check", str(cert))
+    assert status == 0 and "1 certificates verified" in out
+    bad = json.loads(cert.read_text())
+    bad["steps"][1]["params"]["axis"] = "q"
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    status, out, _ = run(capsys, "check", str(tmp_path / "bad.json"))
+    assert status == 1 and "step 2" in out
+
+
+def test_cost_json_has_the_promised_keys(capsys):
+    status, out, _ = run(capsys, "cost", "matmul", "--hardware", "h200", "--json")
+    assert status == 0
+    data = json.loads(out)
+    for key in ("transfers", "memory", "flops", "time_s", "tiles", "alpha_beta",
+                "lower_bound_ratio"):
+        assert key in data
+    assert data["tiles"]["g_a"]["value"] == data["tiles"]["g_c"]["value"]
+
+
+def test_bad_input_is_one_line_exit_2(capsys):
+    for argv in (["cost", "attention", "--size", "q=0"], ["cost", "attention", "--size", "z=4"],
+                 ["optimize", "atention"], ["cost", "attention", "--hardware", "h900"]):
+        status, out, err = run(capsys, *argv)
+        assert status == 2 and err.startswith("napkin: error:") and err.count("\n") == 1, err
+
+
+def test_run_matches_reference(capsys):
+    status, out, _ = run(capsys, "run", "causal_attention", "--size", "q=96", "--size", "x=96",
+                         "--size", "d=16")
+    assert status == 0, out
+    assert "verified" in out and "max relative error" in out and "HBM bytes" in out
+
+
+def test_lower_emits_source_that_compiles(capsys, tmp_path):
+    path = tmp_path / "kernel.py"
+    status, out, _ = run(capsys, "lower", "matmul", "--size", "a=128", "--size", "b=128",
+                         "--size", "c=128", "--emit", str(path))
+    assert status == 0
+    src = path.read_text()
+    compile(src, str(path), "exec")
+    assert "pallas_call" in src
+
+
+def test_user_algorithm_from_a_file_optimises_lowers_and_matches(capsys, tmp_path):
+    (tmp_path / "mine.py").write_text('''
+import napkin as nk
+from napkin import ops
+q, x, d = nk.axes("q x d")
+
+@nk.algorithm(Q=(q, d), K=(x, d), V=(x, d), bias=(x,))
+def sigmoid_attention(Q, K, V, bias):
+    S = ops.contract(Q, K, out=(q, x), name="QK^T")
+    P = ops.sigmoid(ops.add(S, bias))
+    return ops.contract(P, V, out=(q, d), name="PV")
+''')
+    status, out, err = run(capsys, "run", "--from", f"{tmp_path / 'mine.py'}:sigmoid_attention",
+                           "--size", "q=64", "--size", "x=80", "--size", "d=16")
+    assert status == 0, err
+    assert "stream_partition" in out and "max relative error" in out
+
+
+@pytest.mark.parametrize("name,sizes,tiles", [
+    ("attention", dict(q=128, x=128, d=32), {"g_q": 32, "s_x": 16}),
+    ("matmul", dict(a=128, b=64, c=128), {"g_a": 32, "g_c": 32, "s_b": 16}),
+    ("cross_entropy", dict(n=64, v=256), {"g_n": 16, "s_v": 32}),
+])
+def test_kernel_traffic_equals_the_cost_model(name, sizes, tiles):
+    from napkin.library import DEFAULT_SIZES
+    full = {a: DEFAULT_SIZES[a] for a in sizes}  # the structure found at full scale
+    r = search(get(name).diagram(), "h100", full, "f32")
+    assert "stream_partition" in [m.rule for m in r.best.chain]
+    k = lower(r.best.program, tiles)
+    shapes = [tuple(sizes[str(a.size)] for a in ob.type.axes) for ob in get(name).diagram().dom.inside]
+    model = cost(r.best.program, get_hardware("h100").two_level(), "f32").evaluate({**sizes, **tiles})
+    assert hbm_bytes(k, shapes) == pytest.approx(model["transfers_bytes"]["smem"], rel=1e-12)
+
+
+def test_demo_runs_the_main_job(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "napkin.cli", "demo", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "verified in" in out.stdout
+    assert (tmp_path / "before_after.png").exists() and (tmp_path / "attention_kernel.py").exists()
+
+
+def test_gpu_benchmark_cpu_smoke():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import gpu
+        assert gpu.main(["--cpu-smoke"]) == 0
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+
+def test_readme_commands_exist():
+    from napkin.cli import COMMANDS
+    for name in ("algorithms", "draw", "rules", "check", "cost", "optimize", "lower", "run",
+                 "demo", "pseudocode"):
+        assert name in COMMANDS
