@@ -62,6 +62,7 @@ class State:
     cost: object = None           # napkin.cost.Cost (symbolic)
     grid: object = None           # napkin.cost.Grid (every tiling, evaluated)
     bytes: float = math.inf       # bytes moved at the main level, at the best tiles
+    excess: float = math.inf      # summed smallest memory of its kernels, while it does not fit
     bound_by: str = ""
     tile_values: dict = field(default_factory=dict)
 
@@ -204,6 +205,9 @@ class Evaluator:
             state.bound_by = grid.labels[int(grid.which[best])]
             state.tile_values = grid.values(best)
             state.min_memory = {lv: float(m.min()) for lv, m in grid.mem.items()}
+            if not feasible:  # how far from fitting: every kernel's need, summed
+                state.excess = sum(float(grid.ev(e).min()) for lv in grid.mem
+                                   for e in c.memory_bytes_candidates[lv])
         except NapkinError as e:
             state.error = str(e)
 
@@ -247,7 +251,7 @@ def search(diagram, hardware="h100", sizes=None, dtype=None, *, max_states: int 
         raise NapkinError(root.error)
     graph.add_node(root.key, state=root)
     tie = itertools.count()
-    frontier = [(root.time_s, len(root.chain), next(tie), root)]
+    frontier = [(*_priority(root), next(tie), root)]
     best, expanded, limit = root, 0, None
     refused: dict = {}
     while frontier:
@@ -257,7 +261,7 @@ def search(diagram, hardware="h100", sizes=None, dtype=None, *, max_states: int 
         if time.perf_counter() - t0 > max_seconds:
             limit = f"time limit {max_seconds:g} s reached ({len(frontier)} states unexpanded)"
             break
-        _, _, _, state = heapq.heappop(frontier)
+        *_, state = heapq.heappop(frontier)
         if best.feasible and bound >= best.time_s * (1 - 1e-12):
             break  # nothing can beat the best: it meets the lower bound
         expanded += 1
@@ -278,7 +282,7 @@ def search(diagram, hardware="h100", sizes=None, dtype=None, *, max_states: int 
             if child.feasible and (not best.feasible or child.time_s < best.time_s
                                    or (child.time_s == best.time_s and len(child.chain) < len(best.chain))):
                 best = child
-            heapq.heappush(frontier, (child.time_s, len(child.chain), next(tie), child))
+            heapq.heappush(frontier, (*_priority(child), next(tie), child))
     states = [graph.nodes[n]["state"] for n in graph.nodes]
     if not best.feasible:
         if limit:
@@ -300,6 +304,14 @@ def search(diagram, hardware="h100", sizes=None, dtype=None, *, max_states: int 
     ev.report(best)
     return SearchResult(diagram, best, ranked, graph.number_of_nodes(), expanded,
                         time.perf_counter() - t0, limit, graph, bound, refused)
+
+
+def _priority(state: State) -> tuple:
+    """Frontier order: feasible states by time; states that do not fit yet by how
+    much memory their smallest tiling needs (the rewrites that shrink the worst
+    kernel first), then by chain length.  Only the order: the stopping rule uses
+    the admissible bound alone."""
+    return (state.time_s, state.excess if not state.feasible else 0.0, len(state.chain))
 
 
 def _too_small(states, ev) -> str:

@@ -44,6 +44,20 @@ def mixing_reason(box, axis: str) -> str | None:
     return None
 
 
+def _inner_group(box, axis):
+    """A group over ``axis`` in ``box`` or anywhere inside it, else None."""
+    spec = box.data
+    if spec.kind == "group" and spec.axis == axis:
+        return spec
+    for d in _inner_diagrams(spec):
+        for b in d.boxes:
+            if getattr(b, "data", None) is not None and hasattr(b.data, "kind"):
+                found = _inner_group(b, axis)
+                if found is not None:
+                    return found
+    return None
+
+
 def _inner_diagrams(spec):
     if spec.kind == "group":
         return [spec.body]
@@ -68,9 +82,8 @@ class GroupPartition(Rule):
         graph = to_graph(body)
         reg = region(graph, site.ops)
         for box in reg.boxes():
-            inner = box.data
-            if inner.kind == "group" and inner.axis == axis and \
-                    LEVELS.index(level) >= LEVELS.index(inner.level):
+            inner = _inner_group(box, axis)
+            if inner is not None and LEVELS.index(level) >= LEVELS.index(inner.level):
                 raise RuleError(f"cannot group {axis}: {box.name} already groups {axis} at "
                                 f"{inner.level} (regroup only at a higher level)")
             if not any(ob.type.has(axis) for ob in box.cod.inside):
@@ -100,15 +113,27 @@ class GroupPartition(Rule):
         return replace_at(program, site.path, to_diagram(splice(reg, box)))
 
     def candidates(self, program, path=()):
-        """Whole-body sites for every axis some input carries; groups nest."""
+        """Per axis some input carries: all boxes woven over it, then each connected
+        piece of them (a stack of layers groups layer by layer); premises unchecked."""
+        import networkx as nx
         body = body_at(program, path)
         graph = to_graph(body)
         order = op_order(graph)
+        index = {n: i for i, n in enumerate(order)}
         axes = dict.fromkeys(a for v in graph.graph["inputs"] for a in graph.nodes[v]["ob"].type.names)
         for axis in axes:
-            # the largest convex prefix of boxes woven over the axis
-            ok = [i for i, n in enumerate(order)
+            ok = [n for n in order
                   if any(o.type.has(axis) for o in graph.nodes[n]["box"].cod.inside)
                   and mixing_reason(graph.nodes[n]["box"], axis) is None]
-            if ok:
-                yield Site(tuple(path), tuple(ok)), {"axis": axis}
+            if not ok:
+                continue
+            yield Site(tuple(path), tuple(index[n] for n in ok)), {"axis": axis}
+            links = nx.Graph()
+            links.add_nodes_from(ok)
+            for n in ok:
+                for v in graph.nodes[n]["outs"]:
+                    links.add_edges_from((n, m) for m in graph.successors(v) if m in links)
+            pieces = list(nx.connected_components(links))
+            if len(pieces) > 1:
+                for piece in sorted(pieces, key=lambda c: min(index[n] for n in c)):
+                    yield Site(tuple(path), tuple(sorted(index[n] for n in piece))), {"axis": axis}

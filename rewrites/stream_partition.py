@@ -23,6 +23,7 @@ streamability rule it uses.
 """
 from __future__ import annotations
 
+import networkx as nx
 from discopy import markov
 
 from napkin import ops
@@ -60,14 +61,20 @@ def analyse(graph, reg, axis):
         for c in rule.claims(graph, [n for n in reg.nodes if n not in taken], axis):
             claims.append(c)
             taken.update(c.nodes)
-    pre, post = [], []
+    # Boxes that never see the axis are *invariant* when they depend on no
+    # reduction (computed from fixed inputs: replayed wherever needed), else *post*.
+    after_claims = set()
+    for c in claims:
+        for v in c.outputs:
+            after_claims |= nx.descendants(graph, v)
+    invariant, pre, post = [], [], []
     for n in reg.nodes:
         if n in taken:
             continue
         box = graph.nodes[n]["box"]
         touches = [v for v in graph.nodes[n]["ins"] + graph.nodes[n]["outs"] if has(v)]
         if not touches:
-            post.append(n)
+            (post if n in after_claims else invariant).append(n)
             continue
         why = mixing_reason(box, axis)
         if why:
@@ -77,7 +84,7 @@ def analyse(graph, reg, axis):
         pre.append(n)
     # Dependencies: pre boxes must be computable chunk by chunk.
     reduced = {v for c in claims for v in c.outputs}
-    post_vals = {v for n in post for v in graph.nodes[n]["outs"]}
+    post_vals = {v for n in post for v in graph.nodes[n]["outs"]}  # invariants excluded
     for n in pre:
         for v in graph.nodes[n]["ins"]:
             if v in reduced or v in post_vals:
@@ -94,15 +101,17 @@ def analyse(graph, reg, axis):
     if not claims:
         raise RuleError(f"cannot stream over {axis}: the region reduces {axis} with no "
                         f"streamable reduction")
-    return claims, pre, post
+    return claims, invariant + pre, invariant + post
 
 
-def _replay(graph, nodes, env):
-    """Re-record boxes on the current builder, re-inferring types."""
+def _replay(graph, nodes, env, axis=None, chunk=None):
+    """Re-record boxes on the current builder, re-inferring types (on chunks,
+    nested groups and streams see the axis relabelled to the chunk)."""
     for n in nodes:
         node = graph.nodes[n]
         box = node["box"]
-        outs = ops.apply(box.data, *[env[v] for v in node["ins"]], name=box.name,
+        spec = box.data.relabelled(axis, chunk) if axis else box.data
+        outs = ops.apply(spec, *[env[v] for v in node["ins"]], name=box.name,
                          out_names=[o.name for o in box.cod.inside])
         env.update(zip(node["outs"], outs))
 
@@ -121,7 +130,7 @@ def build_stream(graph, reg, axis, chunk, claims, pre, post):
     def update(*args):
         state, ins = list(args[:len(flat)]), args[len(flat):]
         env = dict(zip(reg.inputs, ins))
-        _replay(graph, pre, env)
+        _replay(graph, pre, env, axis, chunk)
         out, i = [], 0
         for c, st in zip(claims, states):
             out += c.rule.update(graph, c, axis, state[i:i + len(st)], [env[v] for v in c.inputs])
@@ -181,6 +190,27 @@ class StreamPartition(Rule):
         body = body_at(program, path)
         graph = to_graph(body)
         order = op_order(graph)
+        index = {n: i for i, n in enumerate(order)}
         axes = dict.fromkeys(a for v in graph.graph["inputs"] for a in ob(graph, v).type.names)
         for axis in axes:
-            yield Site(tuple(path), tuple(range(len(order)))), {"axis": axis}
+            whole = tuple(range(len(order)))
+            yield Site(tuple(path), whole), {"axis": axis}
+            # Each reduction over the axis with the boxes upstream of it that carry
+            # the axis: the smallest region that can stream (one layer of a stack).
+            for n in order:
+                node = graph.nodes[n]
+                if not any(ob(graph, v).type.has(axis) for v in node["ins"]) or \
+                        any(ob(graph, v).type.has(axis) for v in node["outs"]):
+                    continue
+                part, todo = {n}, list(node["ins"])
+                while todo:
+                    v = todo.pop()
+                    if not ob(graph, v).type.has(axis):
+                        continue
+                    for m in graph.predecessors(v):
+                        if m not in part:
+                            part.add(m)
+                            todo += graph.nodes[m]["ins"]
+                site = tuple(sorted(index[m] for m in part))
+                if site != whole:
+                    yield Site(tuple(path), site), {"axis": axis}

@@ -88,11 +88,15 @@ def test_cross_entropy_streams_the_vocabulary():
     assert streams(r.best.program) == [("v", "logsumexp+sum_contraction")]
 
 
-def test_rmsnorm_matmul_factors_the_normaliser_then_streams():
+def test_rmsnorm_matmul_streams_the_reduced_axis():
     r = search(get("rmsnorm_matmul").diagram(), H100, dict(n=4096, d=4096, e=4096), "bf16")
-    rules = [m.rule for m in r.best.chain]
-    assert "normalized_contraction" in rules
-    assert [a for a, _ in streams(r.best.program)] == ["d"]
+    # the best streams d: in one pass once the normaliser is factored out of the
+    # matmul, or in two (the norm first, then the scaled matmul) — the model decides
+    assert {a for a, _ in streams(r.best.program)} == {"d"}
+    one_pass = [r.graph.nodes[n]["state"] for n in r.graph.nodes
+                if "normalized_contraction" in [m.rule for m in r.graph.nodes[n]["state"].chain]
+                and [a for a, _ in streams(r.graph.nodes[n]["state"].program)] == ["d"]]
+    assert one_pass, "the factored one-pass program was not explored"
 
 
 def test_plain_softmax_has_no_streamed_form_and_says_why():
