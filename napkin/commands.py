@@ -517,7 +517,23 @@ def _pseudocode(args) -> int:
     print(pseudocode(program, hw2, sizes, tiles, args.dtype,
                      fmt="markdown" if args.markdown else "text", title=str(name)))
     if args.hopper:
-        from napkin.hopper import hopper_attention_config
+        from napkin.hopper import derive_config, hopper_attention_config
+        values = tiles if isinstance(tiles, dict) else dict(tiles.values)
         print()
-        print(hopper_attention_config(hw).describe())
+        print(derive_config(program, hw2, {**sizes, **values}, args.dtype).describe())
+        if "softmax_contraction" in _stream_rules(program):
+            print()
+            print(hopper_attention_config(hw).describe())
     return 0
+
+
+def _stream_rules(program) -> set[str]:
+    out = set()
+    for b in program.boxes:
+        spec = getattr(b, "data", None)
+        if spec is not None and spec.kind == "stream":
+            out.update(spec.rule.split("+"))
+        if spec is not None and spec.kind == "group":
+            out |= _stream_rules(spec.body)
+    return out
+
