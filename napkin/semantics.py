@@ -53,7 +53,10 @@ def bind_sizes(types: list[ArrayType], arrays, env: dict | None = None, names=No
     return env
 
 
-def _run_boxes(diagram, ctx, xs):
+def fold_boxes(diagram, xs, apply) -> list:
+    """Walk ``diagram`` box by box (iteratively: no recursion limit), doing the
+    wiring itself and calling ``apply(box, args) -> outputs`` for every other
+    box.  Evaluation and the kernel writer both walk diagrams this way."""
     wires = list(xs)
     for box, offset in zip(diagram.boxes, diagram.offsets):
         n = len(box.dom)
@@ -63,9 +66,13 @@ def _run_boxes(diagram, ctx, xs):
         elif isinstance(box, markov.Copy):
             out = args * len(box.cod)
         else:
-            out = list(box_function(box, ctx)(*args))
+            out = list(apply(box, args))
         wires[offset:offset + n] = out
-    return tuple(wires)
+    return wires
+
+
+def _run_boxes(diagram, ctx, xs):
+    return tuple(fold_boxes(diagram, xs, lambda box, args: box_function(box, ctx)(*args)))
 
 
 def run(diagram, ctx: EvalContext, *xs) -> tuple:

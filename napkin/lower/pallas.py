@@ -76,14 +76,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import sympy
-from discopy import markov
 
 from napkin.arrays import array_types, canonical_dtype
 from napkin.errors import NapkinError, ShapeError
 from napkin.ir import to_graph
 from napkin.lower.emit import Recorder, Var, Writer, dtype_name, identifier
 from napkin.primitives import JNP_DTYPES, EvalContext, align
-from napkin.semantics import bind_sizes, box_function
+from napkin.semantics import bind_sizes, box_function, fold_boxes
 
 I32 = jax.ShapeDtypeStruct((), jnp.int32)
 # XLA options for interpret-mode kernels: compile ~3x faster, run a little slower.
@@ -435,32 +434,21 @@ class _Writer:
 
         ``valid``: (axis, ok vector) inside the ragged tail of a stream: boxes
         that reduce the axis see invalid positions as their neutral element."""
-        wires = list(wires)
-        for box, offset in zip(diagram.boxes, diagram.offsets):
-            n = len(box.dom)
-            args = wires[offset:offset + n]
-            if isinstance(box, markov.Swap):
-                out = args[len(box.left):] + args[:len(box.left)]
-            elif isinstance(box, markov.Copy):
-                out = args * len(box.cod)
-            else:
-                spec = box.data
-                kind = getattr(spec, "kind", None)
-                if kind == "stream":
-                    out = self.stream(box, ctx, args)
-                elif kind == "group":
-                    raise NapkinError(f"{box.name}: a group inside the kernel body (below the "
-                                      f"grid) is not supported by the Triton lowering")
-                else:
-                    args = [self.load_whole(a) if isinstance(a, RefWire) else a for a in args]
-                    if valid is not None and valid[1] is not None:
-                        args = self.neutralise(box, args, valid)
-                    out = list(box_function(box, ctx)(*args))
-                    for var, ob in zip(out, box.cod.inside):
-                        self.w.rename(var, ob.name, None if identifier(ob.name) == ob.name
-                                      else box.name)
-            wires[offset:offset + n] = out
-        return wires
+        def apply(box, args):
+            kind = getattr(box.data, "kind", None)
+            if kind == "stream":
+                return self.stream(box, ctx, args)
+            if kind == "group":
+                raise NapkinError(f"{box.name}: a group inside the kernel body (below the "
+                                  f"grid) is not supported by the Triton lowering")
+            args = [self.load_whole(a) if isinstance(a, RefWire) else a for a in args]
+            if valid is not None and valid[1] is not None:
+                args = self.neutralise(box, args, valid)
+            out = list(box_function(box, ctx)(*args))
+            for var, ob in zip(out, box.cod.inside):
+                self.w.rename(var, ob.name, None if identifier(ob.name) == ob.name else box.name)
+            return out
+        return fold_boxes(diagram, wires, apply)
 
     def neutralise(self, box, args, valid):
         axis, ok = valid
