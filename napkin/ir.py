@@ -77,6 +77,22 @@ def to_graph(diagram: markov.Diagram) -> nx.DiGraph:
     return b.finish(wires)
 
 
+_VIEWS: dict[int, tuple] = {}
+
+
+def view(diagram) -> nx.DiGraph:
+    """``to_graph(diagram)``, memoised for read-only use (rules' checks, the
+    search): never mutate the result — take ``to_graph`` for a private copy."""
+    hit = _VIEWS.get(id(diagram))
+    if hit is not None and hit[0] is diagram:
+        return hit[1]
+    if len(_VIEWS) > 20000:
+        _VIEWS.clear()
+    g = to_graph(diagram)
+    _VIEWS[id(diagram)] = (diagram, g)  # holding the diagram keeps its id unique
+    return g
+
+
 def ops(graph: nx.DiGraph) -> list[int]:
     """Op nodes in a deterministic topological order."""
     order = nx.lexicographical_topological_sort(graph, key=lambda n: n)

@@ -15,7 +15,7 @@ from discopy import markov
 
 from napkin.arrays import ArrayOb
 from napkin.errors import RuleError
-from napkin.ir import GraphBuilder, ops as op_order, to_diagram, to_graph
+from napkin.ir import GraphBuilder, ops as op_order, to_diagram, to_graph, view
 from napkin.op import make_op
 
 
@@ -40,10 +40,11 @@ def body_at(diagram, path):
     """The diagram at ``path`` (descending through group boxes)."""
     d = diagram
     for depth, i in enumerate(path):
-        order = op_order(to_graph(d))
-        if i >= len(order):
+        g = view(d)
+        order = op_order(g)
+        if not 0 <= i < len(order):
             raise RuleError(f"site path step {depth}: no op #{i} (the body has {len(order)})")
-        box = to_graph(d).nodes[order[i]]["box"]
+        box = g.nodes[order[i]]["box"]
         if getattr(box.data, "kind", None) != "group":
             raise RuleError(f"site path step {depth}: op #{i} ({box.name}) is not a group")
         d = box.data.body

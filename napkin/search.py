@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import networkx as nx
 
 from napkin.errors import NapkinError, RuleError
-from napkin.ir import ops as op_order, to_graph
+from napkin.ir import ops as op_order, view
 from napkin.region import Site, body_at
 
 
@@ -104,7 +104,7 @@ def _mem_text(mem: dict) -> str:
 def _group_paths(program, path=()):
     """Every path to a group body, the root included."""
     yield tuple(path)
-    g = to_graph(body_at(program, path))
+    g = view(body_at(program, path))
     for i, n in enumerate(op_order(g)):
         if g.nodes[n]["box"].data.kind == "group":
             yield from _group_paths(program, (*path, i))
@@ -113,7 +113,7 @@ def _group_paths(program, path=()):
 def _grouped_axes(program, path) -> set[str]:
     axes, d = set(), program
     for i in path:
-        g = to_graph(d)
+        g = view(d)
         spec = g.nodes[op_order(g)[i]]["box"].data
         axes.add(spec.axis)
         d = spec.body
@@ -149,7 +149,7 @@ def moves(program, rules=None, refused: dict | None = None, levels=None):
 
 def _single_group(body):
     """The spec of the only box of ``body`` when it is a group, else None."""
-    g = to_graph(body)
+    g = view(body)
     order = op_order(g)
     if len(order) == 1 and g.nodes[order[0]]["box"].data.kind == "group":
         return g.nodes[order[0]]["box"].data
@@ -161,7 +161,7 @@ def _canonical_nesting(program, path, site, axis) -> bool:
     form one grid whatever their order (same cost, same further rewrites), so
     only the order with the outer axis first alphabetically is explored."""
     body = body_at(program, path)
-    if len(site.ops) != len(op_order(to_graph(body))):
+    if len(site.ops) != len(op_order(view(body))):
         return True
     inner = _single_group(body)
     if inner is not None and inner.axis < axis:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from discopy import markov
 
 from napkin.errors import RuleError
-from napkin.ir import ops as op_order, to_diagram, to_graph
+from napkin.ir import ops as op_order, to_diagram, view
 from napkin.op import make_op
 from napkin.region import Site, body_at, region, region_diagram, replace_at, splice
 from napkin.streamed import Group, tile_symbol
@@ -79,7 +79,7 @@ class GroupPartition(Rule):
         if level not in LEVELS:
             raise RuleError(f"group_partition: unknown level {level!r}; known: {', '.join(LEVELS)}")
         body = body_at(program, site.path)
-        graph = to_graph(body)
+        graph = view(body)
         reg = region(graph, site.ops)
         for box in reg.boxes():
             inner = _inner_group(box, axis)
@@ -117,7 +117,7 @@ class GroupPartition(Rule):
         piece of them (a stack of layers groups layer by layer); premises unchecked."""
         import networkx as nx
         body = body_at(program, path)
-        graph = to_graph(body)
+        graph = view(body)
         order = op_order(graph)
         index = {n: i for i, n in enumerate(order)}
         axes = dict.fromkeys(a for v in graph.graph["inputs"] for a in graph.nodes[v]["ob"].type.names)

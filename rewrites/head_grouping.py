@@ -11,7 +11,7 @@ Proof: that of group partition (this rule only restricts where it applies).
 from __future__ import annotations
 
 from napkin.errors import RuleError
-from napkin.ir import to_graph
+from napkin.ir import view
 from napkin.region import body_at, region
 from rewrites.base import Rule, ob
 from rewrites.group_partition import GroupPartition
@@ -23,7 +23,7 @@ class HeadGrouping(Rule):
     proof = "proofs.group_partition"
 
     def shared_axes(self, program, site, axis):
-        g = to_graph(body_at(program, site.path))
+        g = view(body_at(program, site.path))
         reg = region(g, site.ops)
         kv = [v for v in reg.inputs if ob(g, v).type.has(axis)]
         all_axes = {a for v in reg.inputs for a in ob(g, v).type.names}

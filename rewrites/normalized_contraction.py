@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from napkin import ops
 from napkin.errors import RuleError
-from napkin.ir import ops as op_order, to_diagram, to_graph
+from napkin.ir import ops as op_order, to_diagram, to_graph, view
 from napkin.region import Site, body_at, inline, region, replace_at
 from napkin.trace import trace
 from rewrites.base import Rule, ob
@@ -92,7 +92,7 @@ class NormalizedContraction(Rule):
         return replace_at(program, site.path, to_diagram(inline(reg, new)))
 
     def candidates(self, program, path=()):
-        g = to_graph(body_at(program, path))
+        g = view(body_at(program, path))
         for i, n in enumerate(op_order(g)):
             if not isinstance(_factor(g, n), str):
                 yield Site(tuple(path), (i,)), {}

@@ -28,7 +28,7 @@ from discopy import markov
 
 from napkin import ops
 from napkin.errors import RuleError
-from napkin.ir import ops as op_order, to_diagram, to_graph
+from napkin.ir import ops as op_order, to_diagram, view
 from napkin.op import make_op
 from napkin.region import Site, body_at, region, replace_at, splice
 from napkin.streamed import Stream, tile_symbol
@@ -169,7 +169,7 @@ class StreamPartition(Rule):
         if not isinstance(axis, str):
             raise RuleError("stream_partition needs a parameter axis (an axis name)")
         body = body_at(program, site.path)
-        graph = to_graph(body)
+        graph = view(body)
         reg = region(graph, site.ops)
         return graph, reg, axis, analyse(graph, reg, axis)
 
@@ -188,7 +188,7 @@ class StreamPartition(Rule):
         """Whole-body sites, for every axis some input carries (the premises
         then say why an axis that an output keeps cannot be streamed)."""
         body = body_at(program, path)
-        graph = to_graph(body)
+        graph = view(body)
         order = op_order(graph)
         index = {n: i for i, n in enumerate(order)}
         axes = dict.fromkeys(a for v in graph.graph["inputs"] for a in ob(graph, v).type.names)

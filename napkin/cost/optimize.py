@@ -235,6 +235,12 @@ def _ref_bytes(c: Cost) -> int:
                                else ob.type.dtype) for ob in c.program.dom.inside)
 
 
+@functools.lru_cache(maxsize=4096)
+def _lambdified(free: tuple, expr):
+    """Compiled numpy function of an expression (states of a search share many)."""
+    return sympy.lambdify(free, expr, "numpy")
+
+
 class Grid:
     """Every candidate tiling of a program, evaluated once (numpy over the whole grid)."""
 
@@ -294,7 +300,7 @@ class Grid:
                             f"(give it in sizes)")
         if not self.free or not (e.free_symbols & set(self.free)):
             return np.full(self.n, float(e))
-        return np.broadcast_to(np.asarray(sympy.lambdify(self.free, e, "numpy")(*self.flat),
+        return np.broadcast_to(np.asarray(_lambdified(tuple(self.free), e)(*self.flat),
                                           dtype=float), (self.n,))
 
     def feasible(self, capacity: Mapping | None = None) -> np.ndarray:
