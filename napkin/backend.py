@@ -58,6 +58,12 @@ class JaxBackend:
         return jnp.asarray(fill, dt)
 
     @staticmethod
+    def guard(x, m):
+        """x where the row statistic m kept an entry, else 0 (see primitives.MASKED)."""
+        from napkin.primitives import MASKED
+        return jnp.where(m > MASKED, x, jnp.zeros_like(x))
+
+    @staticmethod
     def take(x, axis, start, stop):
         # dynamic: one compilation per piece length, not per piece start
         return jax.lax.dynamic_slice_in_dim(x, start, stop - start, axis=axis)
@@ -107,6 +113,12 @@ class SympyBackend:
     @staticmethod
     def where(keep, x, fill):
         return np.where(keep, x, fill)
+
+    @staticmethod
+    def guard(x, m):
+        # Symbolic entries are finite scores: no row is fully masked, the guard is
+        # the identity.  Fully masked rows are checked numerically.
+        return np.broadcast_arrays(np.asarray(x, dtype=object), np.asarray(m, dtype=object))[0]
 
     @staticmethod
     def einsum(spec, *xs):

@@ -105,9 +105,12 @@ def _attn_ref(Q, K, V, mask=None, cap=None):
     s = jnp.einsum("...qd,...kd->...qk", Q, K) / np.sqrt(Q.shape[-1])
     if cap is not None:
         s = cap * jnp.tanh(s / cap)
-    if mask is not None:
-        s = jnp.where(mask(s.shape[-2], s.shape[-1]), s, -1e30)
-    return jnp.einsum("...qk,...kd->...qd", _softmax_ref(s), V)
+    if mask is None:
+        return jnp.einsum("...qk,...kd->...qd", _softmax_ref(s), V)
+    keep = mask(s.shape[-2], s.shape[-1])
+    s = jnp.where(keep, s, -1e30)
+    out = jnp.einsum("...qk,...kd->...qd", _softmax_ref(s), V)
+    return jnp.where(keep.any(-1)[..., None], out, 0.0)  # a row that keeps no key: zeros
 
 
 q, x, d = axes("q x d")

@@ -86,6 +86,7 @@ def _const(fn, x, c, swapped, name, as_):
 
 
 add, sub, mul, div = _binary("add"), _binary("sub"), _binary("mul"), _binary("div")
+guard = _binary("guard")  # guard(x, m): x where the row maximum m kept an entry, else 0
 maximum, minimum = _binary("max"), _binary("min")
 
 

@@ -34,6 +34,10 @@ _WIDTH = {"bool": 0, "int8": 1, "int32": 2, "fp8": 3, "bf16": 4, "f16": 4, "f32"
 # The large negative used by masks (a finite number, so a fully masked row
 # stays finite; clipped to the dtype's range at evaluation).
 MASK_FILL = -1e30
+# A row whose largest score is below this kept no entry: it is fully masked, and
+# softmax (hence attention) gives it zeros rather than the uniform average the
+# fill alone would give.
+MASKED = MASK_FILL / 2
 
 
 @dataclass
@@ -230,7 +234,9 @@ class Map(Spec):
 
 
 BINARY = {"add": "add", "sub": "subtract", "mul": "multiply", "div": "divide",
-          "max": "maximum", "min": "minimum"}
+          "max": "maximum", "min": "minimum",
+          # guard(x, m): x where the row maximum m kept an entry (m > MASKED), else 0
+          "guard": "guard"}
 
 
 @dataclass(frozen=True)
@@ -298,7 +304,11 @@ class Softmax(Spec):
         return (ins[0],)
 
     def evaluate(self, ctx, ins, outs, x):
-        return (ctx.xp.softmax(x, ins[0].names.index(self.axis)),)
+        # A fully masked row (every score the mask's fill) has no distribution: zeros.
+        xp, i = ctx.xp, ins[0].names.index(self.axis)
+        shape = list(x.shape)
+        shape[i] = 1
+        return (xp.guard(xp.softmax(x, i), xp.reshape(xp.max(x, i), shape)),)
 
     def flops(self, ins, outs):
         return 5 * ins[0].numel  # max, subtract, exp, sum, divide

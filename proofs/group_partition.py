@@ -68,7 +68,7 @@ def one_box_programs():
             fn, params[fn]), X)[0], {"X": A(a, b)})
     for fn in BINARY:
         f = getattr(ops, {"add": "add", "sub": "sub", "mul": "mul", "div": "div",
-                          "max": "maximum", "min": "minimum"}[fn])
+                          "max": "maximum", "min": "minimum", "guard": "guard"}[fn])
         add(f"zip {fn}", lambda X, Y, f=f: f(X, Y), {"X": A(a, b), "Y": A(a, b)})
         add(f"zip {fn}, broadcast input", lambda X, Y, f=f: f(X, Y), {"X": A(a, b), "Y": A(b)})
     add("contract keeping a", lambda X, Y: ops.contract(X, Y, out=(a, c)),

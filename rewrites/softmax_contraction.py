@@ -4,7 +4,8 @@ Claims: ``softmax`` over the axis whose output is used only by one contraction
 that sums over the axis (P·V).  State (μ, z, o) = (−∞, 0, 0); per chunk of
 scores x and the other contraction inputs v:
 μ′ = max(μ, max x); δ = exp(μ − μ′); z′ = δz + Σ exp(x − μ′);
-o′ = δo + Σ exp(x − μ′)·v; result o / z.  Proof: proofs/softmax_contraction.py.
+o′ = δo + Σ exp(x − μ′)·v; result o / z, or 0 for a row that kept no key
+(μ still the mask's fill, as softmax gives).  Proof: proofs/softmax_contraction.py.
 """
 from __future__ import annotations
 
@@ -69,4 +70,6 @@ class SoftmaxContraction(Streamability):
 
     def finalize(self, graph, claim, axis, state):
         mu, z, o = state
-        return [ops.div(o, z, as_=ob(graph, claim.outputs[0]).name)]
+        # a row whose running max is still the mask's fill kept no key: zeros,
+        # as softmax itself gives (napkin.primitives.MASKED)
+        return [ops.guard(ops.div(o, z), mu, as_=ob(graph, claim.outputs[0]).name)]

@@ -108,3 +108,16 @@ def test_large_diagram_no_recursion_limit():
     for i in range(600):
         expected = expected + 1.0 if i % 2 else expected * 0.5
     np.testing.assert_allclose(out, expected)
+
+
+def test_fully_masked_rows_mean_zeros():
+    # window 4 and more queries than keys: rows q >= x + 3 keep no key at all.
+    # softmax of such a row is zero (not the uniform average the fill alone
+    # would give), in the diagram and in the reference alike.
+    alg = get("sliding_window_attention")
+    xs = alg.sample(np.random.default_rng(6), dict(q=12, x=5, d=3))
+    out = np.asarray(nk.evaluate(alg.diagram())(*xs))
+    assert np.isfinite(out).all()
+    np.testing.assert_array_equal(out[8:], 0.0)
+    assert np.abs(out[:8]).min() > 0
+    assert rel_err(out, alg.reference(*xs)) <= 1e-10

@@ -243,6 +243,7 @@ _UNARY = {
 _BINARY = {
     "add": "{0} + {1}", "subtract": "{0} - {1}", "multiply": "{0} * {1}", "divide": "{0} / {1}",
     "maximum": "jnp.maximum({0}, {1})", "minimum": "jnp.minimum({0}, {1})", "power": "{0} ** {1}",
+    "guard": "jnp.where({1} > -5e29, {0}, jnp.zeros_like({0}))",
 }
 
 
@@ -250,6 +251,7 @@ _BINARY = {
 # only in float32: low-precision operands go up to float32 and the result comes
 # back down, so the kernel keeps the dtype the semantics gives.
 _NATIVE_LOW = {"-{0}", "jnp.abs({0})", "jnp.maximum({0}, 0.0)", "{0} * {0}",
+               "jnp.where({1} > -5e29, {0}, jnp.zeros_like({0}))",
                "{0} + {1}", "{0} - {1}", "{0} * {1}", "jnp.maximum({0}, {1})",
                "jnp.minimum({0}, {1})"}
 
@@ -322,7 +324,8 @@ class Recorder:
         m = self.max(x, axis)
         e = self.w.let("jnp.exp({0} - {1})", x, self.expand(m, axis))
         s = self.sum(e, axis)
-        return self.w.let("{0} / {1}", e, self.expand(s, axis))
+        p = self.w.let("{0} / {1}", e, self.expand(s, axis))
+        return self.guard(p, self.expand(m, axis))  # fully masked rows: zeros
 
     # structure ---------------------------------------------------------------
     def expand(self, x, axis):

@@ -58,11 +58,12 @@ it into exactly 0) into sums and contractions — the softmax-contraction
 (FlashAttention), logsumexp and max accumulators.  This is checked on the
 update diagram; otherwise the loop visits every chunk.
 
-A row whose keys are *all* masked means, in the diagram semantics (and in the
-plain-jnp references), the uniform average: every score is the same −1e30, so
-softmax is uniform.  The kernel keeps that meaning: a tile that holds such a
-row visits every chunk (no skipping), and the result equals the reference —
-finite, never NaN (an empty loop would give 0/0).  Rows with at least one kept
+A row whose keys are *all* masked means zeros, in the diagram semantics (softmax
+of a row whose maximum is still the fill is 0: napkin.primitives.MASKED) and in
+the plain-jnp references; the softmax-contraction accumulator's finalize guards
+o/z by its running max, so the kernel returns zeros too — finite, never NaN
+(0/0 of an empty loop is discarded by the guard's ``where``).  A tile that holds
+such a row still visits every chunk, which is correct if not the fastest.  Rows with at least one kept
 key are unaffected by skipped chunks: their contribution is exp(−1e30 − μ) = 0
 exactly, or is rescaled by exp(−1e30 − μ′) = 0 once a kept key arrives.
 """
@@ -623,8 +624,8 @@ class _Writer:
         w.comment(f"tile skipping: only the chunks of {ax} that hold a key the "
                   f"{'/'.join(dict.fromkeys(m.kind_ for m in masks))} mask keeps for a row of "
                   f"this tile;")
-        w.comment("a tile with a fully masked row visits all chunks (its meaning is the "
-                  "uniform average)")
+        w.comment("a tile with a fully masked row visits all chunks (the guard makes "
+                  "that row zero)")
         a0, b0 = key_range(first)
         a1, b1 = key_range(last)
         empty = w.let(f"({a0} >= {b0}) | ({a1} >= {b1})", name=f"{qa}_masked_row",
