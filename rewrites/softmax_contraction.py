@@ -4,7 +4,7 @@ Claims: ``softmax`` over the axis whose output is used only by one contraction
 that sums over the axis (P·V).  State (μ, z, o) = (−∞, 0, 0); per chunk of
 scores x and the other contraction inputs v:
 μ′ = max(μ, max x); δ = exp(μ − μ′); z′ = δz + Σ exp(x − μ′);
-o′ = δo + Σ exp(x − μ′)·v; result o / z, or 0 for a row that kept no key
+o′ = δo + Σ exp(x − μ′)·v; result o · (1/z), or 0 for a row that kept no key
 (μ still the mask's fill, as softmax gives).  Proof: proofs/softmax_contraction.py.
 """
 from __future__ import annotations
@@ -72,4 +72,6 @@ class SoftmaxContraction(Streamability):
         mu, z, o = state
         # a row whose running max is still the mask's fill kept no key: zeros,
         # as softmax itself gives (napkin.primitives.MASKED)
-        return [ops.guard(ops.div(o, z), mu, as_=ob(graph, claim.outputs[0]).name)]
+        # o · guard(1/z, μ): the guard acts on a row vector, so the output can
+        # overwrite o in place (the paper's memory count)
+        return [ops.mul(o, ops.guard(ops.recip(z), mu), as_=ob(graph, claim.outputs[0]).name)]

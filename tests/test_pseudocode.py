@@ -129,7 +129,7 @@ def test_attention_listing_reads_like_the_paper():
             "S: bf16[g_q, s_x] @smem = scale(einsum('qd,xd->qx', Q_blk, K_blk), 1/sqrt(d))",
             "mu' = max(mu, max_x(S))", "delta: bf16[g_q] @smem = exp(mu - mu')",
             "z' = z * delta + sum_x(p)",
-            "mu, z, o = mu', z', o'", "O_blk: bf16[g_q, d] @smem = bf16(guard(o / z, mu))",
+            "mu, z, o = mu', z', o'", "O_blk: bf16[g_q, d] @smem = bf16(o * guard(recip(z), mu))",
             "store O_blk -> O[q0:q0+g_q, :]", "QK^T", "16,384 values (32 KiB)"):
         assert snippet in text, snippet
     # the value product folds into the state (p may first be cast to V's dtype)
