@@ -52,7 +52,7 @@ def test_flatten_frames_and_levels(attention):
     assert labels["O[q,d]"] == "gmem"
     assert {"mu[g_q]", "z[g_q]", "o[g_q,d]"} <= set(labels)
     names = {box.name for box in D.boxes}
-    assert {"QK^T", "max_x", "fill(-inf)", "div"} <= names
+    assert {"QK^T", "max_x", "fill(-inf)", "guard"} <= names
 
 
 def test_svg_shows_frames_tiles_state_and_levels(tmp_path, attention):
@@ -63,7 +63,7 @@ def test_svg_shows_frames_tiles_state_and_levels(tmp_path, attention):
     for label in ("Q[q,d]", "Q[g_q,d]", "K[s_x,d]", "V[s_x,d]", "S[g_q,s_x]", "mu[g_q]",
                   "z[g_q]", "o[g_q,d]", "O[q,d]"):
         assert label in texts, label
-    for name in ("QK^T", "scale(1/sqrt(d))", "max_x", "exp", "fill(-inf)", "div",
+    for name in ("QK^T", "scale(1/sqrt(d))", "max_x", "exp", "fill(-inf)", "guard",
                  "init", "finalize", "flash attention"):
         assert name in texts, name
     assert "group q: g_q of q per SM, q/g_q groups @smem" in texts
