@@ -240,9 +240,8 @@ def check_instance(sizes: dict, tiles: dict) -> tuple[dict, dict]:
 
 def write_certificate(args, name, r) -> str:
     from napkin.certificate import derive
-    small, small_tiles = check_instance(r.best.tile_values and {
-        k: v for k, v in r.best.tiles.values.items() if k in r.best.tiles.values} and
-        sizes_for(r.algorithm, parse_sizes(args.size)) or {}, r.best.tiles.values)
+    small, small_tiles = check_instance(sizes_for(r.algorithm, parse_sizes(args.size)),
+                                        r.best.tiles.values)
     algo = {"from": args.from_} if args.from_ else name
     steps = [(m.rule, m.site, m.params_dict) for m in r.best.chain]
     cert = derive(algo, steps, small, small_tiles, base=Path.cwd())
@@ -285,8 +284,8 @@ def _on_gpu() -> bool:
     return jax.devices()[0].platform == "gpu"
 
 
-def pipeline(name, diagram, sizes, hardware, dtype, cert_path=None, base=None,
-             from_=None, out=print, fit=False):
+def pipeline(name, diagram, sizes, hardware, dtype, base=None, from_=None, out=print,
+             fit=False):
     """optimise → certificate → check → lower; returns (result, certificate report, kernel).
     With ``fit``, the program is searched at full scale (library default sizes) and its
     tiles shrunk to the small run."""
@@ -305,8 +304,6 @@ def pipeline(name, diagram, sizes, hardware, dtype, cert_path=None, base=None,
     cert = derive({"from": from_} if from_ else name,
                   [(m.rule, m.site, m.params_dict) for m in r.best.chain], small, small_tiles,
                   base=base)
-    if cert_path:
-        cert.save(cert_path)
     report = check_certificate(cert)
     out(f"certificate: {report}")
     if not report.ok:
