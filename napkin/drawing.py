@@ -231,8 +231,9 @@ class _Backend(Matplotlib):
                                   linewidths=0)
 
 
-def _paint(layout: _Layout, ax, ylim=None) -> None:
-    backend = _Backend(ax, layout)
+def _paint(layout: _Layout, ax, ylim=None, backend=None) -> None:
+    """Draw a laid-out diagram on ``ax`` (``backend``: a _Backend subclass)."""
+    backend = (backend or _Backend)(ax, layout)
     params = dict(wire_labels=True, draw_box_labels=True, asymmetry=0)
     backend.draw_wires(layout.drawing, **params)
     backend.draw_boxes(layout.drawing, **params)

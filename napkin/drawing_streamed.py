@@ -515,16 +515,8 @@ def _paint_frames(layout: _StreamLayout, ax):
 
 
 def _paint_streamed(layout: _StreamLayout, ax, levels, ylim=None):
-    backend = _StreamBackend(ax, layout)
-    params = dict(wire_labels=True, draw_box_labels=True, asymmetry=0)
     _paint_frames(layout, ax)
-    backend.draw_wires(layout.drawing, **params)
-    backend.draw_boxes(layout.drawing, **params)
-    backend.draw_spiders(layout.drawing, **params)
-    ax.set_xlim(*layout.xlim)
-    ax.set_ylim(*(ylim or layout.ylim))
-    ax.set_aspect("auto")
-    ax.axis("off")
+    _d._paint(layout, ax, ylim, backend=_StreamBackend)
 
 
 def _levels_used(frames, top) -> list:
