@@ -41,6 +41,7 @@ depends on object ids, dict order or hash seeds.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import importlib.util
 import json
@@ -51,7 +52,7 @@ import sympy
 
 from napkin.arrays import ArrayType, canonical_dtype
 from napkin.errors import NapkinError
-from napkin.ir import ops as op_order, to_graph
+from napkin.ir import ops as op_order, to_graph, view
 from napkin.region import Site
 
 FORMAT = "napkin-certificate/1"
@@ -77,7 +78,7 @@ def _size(value) -> str:
     if isinstance(value, int):
         return str(value)
     if isinstance(value, sympy.Basic):
-        return sympy.srepr(value)
+        return _srepr(value)
     raise TypeError(f"cannot fingerprint a size {value!r} ({type(value).__name__})")
 
 
@@ -87,6 +88,11 @@ def _type(t: ArrayType) -> str:
 
 def _wire(ob, labels: bool) -> str:
     return f"{json.dumps(ob.name)}{_type(ob.type)}" if labels else _type(ob.type)
+
+
+@functools.lru_cache(maxsize=4096)
+def _srepr(expr) -> str:
+    return sympy.srepr(expr)
 
 
 def _value(value, indent: str, labels: bool) -> str:
@@ -100,7 +106,7 @@ def _value(value, indent: str, labels: bool) -> str:
     if isinstance(value, str):
         return json.dumps(value)
     if isinstance(value, sympy.Basic):
-        return "sym:" + sympy.srepr(value)
+        return "sym:" + _srepr(value)
     if isinstance(value, ArrayType):
         return _type(value)
     if isinstance(value, (tuple, list)):
@@ -121,8 +127,25 @@ def _spec(spec, indent: str, labels: bool) -> str:
     return f"{getattr(spec, 'kind', type(spec).__name__)}(" + ", ".join(fields) + ")"
 
 
+_RENDERED: dict = {}
+
+
 def _render(diagram, indent: str, labels: bool) -> str:
-    g = to_graph(diagram)
+    """Memoised per diagram object: a rewrite rebuilds only the bodies on its
+    path, so the search re-renders the same nested bodies state after state."""
+    key = (id(diagram), indent, labels)
+    hit = _RENDERED.get(key)
+    if hit is not None and hit[0] is diagram:
+        return hit[1]
+    if len(_RENDERED) > 20000:
+        _RENDERED.clear()
+    text = _render_uncached(diagram, indent, labels)
+    _RENDERED[key] = (diagram, text)  # holding the diagram keeps its id unique
+    return text
+
+
+def _render_uncached(diagram, indent: str, labels: bool) -> str:
+    g = view(diagram)
     names = {}
     lines = []
     for i, v in enumerate(g.graph["inputs"]):

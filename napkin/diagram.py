@@ -2,12 +2,15 @@
 
 We subclass ``discopy.markov`` only to (1) keep composites inside our own
 factory (so ``>>`` and ``@`` build napkin diagrams) and (2) replace DisCoPy's
-generic "does not compose" assertion by a message that names both sides.
+generic "does not compose" assertion by a message that names both sides, and
+(3) build layers and types without DisCoPy's per-step re-checking (the search
+builds thousands of diagrams; these are the same objects, made once).
 """
 from __future__ import annotations
 
 from discopy import markov
 from discopy.cat import factory
+from discopy.monoidal import Layer
 
 from napkin.arrays import ArrayOb, describe
 from napkin.errors import CompositionError
@@ -53,6 +56,50 @@ def _long(ob) -> str:
     return f"{ob}" + f" ({sizes}; {t.dtype})"
 
 
+# ----------------------------------------------------------- fast construction
+class _Memo:
+    """Identity-keyed memo of immutable DisCoPy values (types, structural boxes).
+
+    Keyed by the ``id`` of the objects they are built from, holding those
+    objects so that the ids stay unique; wires compare by type, not name, so an
+    equality-keyed cache would hand back a type with another array's labels."""
+
+    def __init__(self, limit: int = 50000):
+        self.table, self.limit = {}, limit
+
+    def get(self, parts: tuple, make):
+        key = tuple(map(id, parts))
+        hit = self.table.get(key)
+        if hit is not None:
+            return hit[1]
+        if len(self.table) > self.limit:
+            self.table.clear()
+        value = make()
+        self.table[key] = (parts, value)
+        return value
+
+
+_TYPES, BOXES = _Memo(), _Memo()  # BOXES: structural boxes (swaps, copies)
+
+
+def ty(obs: tuple) -> markov.Ty:
+    return _TYPES.get(obs, lambda: markov.Ty(*obs))
+
+
+def layer(left: tuple, box, right: tuple) -> Layer:
+    """``Layer(Ty(*left), box, Ty(*right))`` without its chain of ``@`` (each of
+    which re-checks and re-names a fresh type): the same attributes, built once."""
+    out = Layer.__new__(Layer)
+    lt, rt = ty(left), ty(right)
+    out.boxes_or_types = (lt, box, rt)
+    out.name = " @ ".join([*([str(lt)] if left else []), str(box), *([str(rt)] if right else [])])
+    out.data, out.is_dagger = None, False
+    out.dom = ty((*left, *box.dom.inside, *right))
+    out.cod = ty((*left, *box.cod.inside, *right))
+    out.inside = (out,)
+    return out
+
+
 @factory
 class Diagram(markov.Diagram):
     """A napkin diagram: a DisCoPy Markov diagram whose wires are arrays."""
@@ -82,6 +129,16 @@ class Discard(markov.Discard, Copy):
     __ambiguous_inheritance__ = (markov.Discard,)
 
 
+class _FastLayers:
+    """Box construction casts the box to a layer; DisCoPy's own cast re-checks
+    and re-names four fresh types per box, which dominated rewriting."""
+
+    @staticmethod
+    def cast(box) -> Layer:
+        return layer((), box, ())
+
+
+Box.layer_factory = _FastLayers
 Diagram.braid_factory = Swap
 Diagram.copy_factory = Copy
 Diagram.discard_factory = Discard

@@ -287,8 +287,7 @@ def _emit(graph):
         em.wire_to(keep[:pos] + node["ins"] + keep[pos:])
         em.layer(pos, node["box"], len(node["ins"]), list(node["outs"]))
     em.wire_to(list(outputs))
-    return Diagram(tuple(em.layers), em._ty(graph.graph["inputs"]), em._ty(outputs),
-                   _scan=False)
+    return Diagram(tuple(em.layers), em.ty(graph.graph["inputs"]), em.ty(outputs), _scan=False)
 
 
 def _tag(box):

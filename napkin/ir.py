@@ -22,9 +22,8 @@ from collections import Counter
 
 import networkx as nx
 from discopy import markov
-from discopy.monoidal import Layer
 
-from napkin.diagram import Copy, Diagram, Discard, Swap
+from napkin.diagram import BOXES, Copy, Diagram, Discard, Swap, layer, ty
 
 
 class GraphBuilder:
@@ -88,15 +87,22 @@ def view(diagram) -> nx.DiGraph:
         return hit[1]
     if len(_VIEWS) > 20000:
         _VIEWS.clear()
-    g = to_graph(diagram)
+    g = nx.freeze(to_graph(diagram))  # shared: a mutation would corrupt every reader
     _VIEWS[id(diagram)] = (diagram, g)  # holding the diagram keeps its id unique
     return g
 
 
 def ops(graph: nx.DiGraph) -> list[int]:
-    """Op nodes in a deterministic topological order."""
+    """Op nodes in a deterministic topological order (memoised on frozen views,
+    where rules and the search ask for it again and again)."""
+    frozen = nx.is_frozen(graph)  # a copy of a view carries the key but may change
+    if frozen and "_op_order" in graph.graph:
+        return list(graph.graph["_op_order"])
     order = nx.lexicographical_topological_sort(graph, key=lambda n: n)
-    return [n for n in order if graph.nodes[n]["kind"] == "op"]
+    result = [n for n in order if graph.nodes[n]["kind"] == "op"]
+    if frozen:
+        graph.graph["_op_order"] = tuple(result)
+    return result
 
 
 class _Emitter:
@@ -108,12 +114,15 @@ class _Emitter:
     def __init__(self, wires: list[int], ob_of):
         self.wires, self.ob_of, self.layers = list(wires), ob_of, []
 
-    def _ty(self, vals):
-        return markov.Ty(*(self.ob_of(v) for v in vals))
+    def _obs(self, vals) -> tuple:
+        return tuple(self.ob_of(v) for v in vals)
+
+    def ty(self, vals) -> markov.Ty:
+        return ty(self._obs(vals))
 
     def layer(self, i: int, box, n_in: int, outs: list[int]):
         w = self.wires
-        self.layers.append(Layer(self._ty(w[:i]), box, self._ty(w[i + n_in:])))
+        self.layers.append(layer(self._obs(w[:i]), box, self._obs(w[i + n_in:])))
         self.wires = w[:i] + outs + w[i + n_in:]
 
     def wire_to(self, target: list[int]):
@@ -128,15 +137,17 @@ class _Emitter:
             if k == 1:
                 i += 1
                 continue
-            ob = markov.Ty(self.ob_of(v))
-            self.layer(i, Discard(ob) if k == 0 else Copy(ob, k), 1, [v] * k)
+            ob = self.ob_of(v)
+            box = BOXES.get((ob, k), lambda: Discard(ty((ob,))) if k == 0 else Copy(ty((ob,)), k))
+            self.layer(i, box, 1, [v] * k)
             i += k
         for j, v in enumerate(target):  # selection sort by adjacent swaps
             at = next(i for i in range(j, len(self.wires)) if self.wires[i] == v)
             while at > j:
                 a, b = self.wires[at - 1], self.wires[at]
-                self.layer(at - 1, Swap(markov.Ty(self.ob_of(a)), markov.Ty(self.ob_of(b))),
-                           2, [b, a])
+                oa, ob = self.ob_of(a), self.ob_of(b)
+                swap = BOXES.get((oa, ob), lambda: Swap(ty((oa,)), ty((ob,))))
+                self.layer(at - 1, swap, 2, [b, a])
                 at -= 1
 
 
@@ -164,7 +175,7 @@ def to_diagram(graph: nx.DiGraph) -> Diagram:
         em.wire_to(keep[:pos] + node["ins"] + keep[pos:])
         em.layer(pos, node["box"], len(node["ins"]), list(node["outs"]))
     em.wire_to(list(outputs))
-    return Diagram(tuple(em.layers), em._ty(inputs), em._ty(outputs), _scan=False)
+    return Diagram(tuple(em.layers), em.ty(inputs), em.ty(outputs), _scan=False)
 
 
 def relabel(graph: nx.DiGraph) -> nx.DiGraph:

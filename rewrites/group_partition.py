@@ -24,8 +24,23 @@ from rewrites.base import Rule, size_param
 LEVELS = ("gmem", "l2", "smem", "registers")
 
 
+_MIXING: dict = {}
+
+
 def mixing_reason(box, axis: str) -> str | None:
-    """Why ``box`` is not independent along ``axis`` (None when it is)."""
+    """Why ``box`` is not independent along ``axis`` (None when it is).  Memoised:
+    boxes are immutable and the search asks about the same boxes in every state."""
+    hit = _MIXING.get((id(box), axis))
+    if hit is not None and hit[0] is box:
+        return hit[1]
+    if len(_MIXING) > 50000:
+        _MIXING.clear()
+    why = _mixing_reason(box, axis)
+    _MIXING[(id(box), axis)] = (box, why)  # holding the box keeps its id unique
+    return why
+
+
+def _mixing_reason(box, axis: str) -> str | None:
     spec = box.data
     ins = [ob.type for ob in box.dom.inside]
     outs = [ob.type for ob in box.cod.inside]
