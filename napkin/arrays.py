@@ -80,13 +80,14 @@ class ArrayType:
     def __post_init__(self):
         object.__setattr__(self, "axes", tuple(self.axes))
         object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
-        names = [a.name for a in self.axes]
+        names = tuple(a.name for a in self.axes)
         if len(set(names)) != len(names):
             raise NapkinError(f"array type repeats an axis: [{','.join(names)}]")
+        object.__setattr__(self, "_names", names)  # not a field: asked for constantly
 
     @property
     def names(self) -> tuple[str, ...]:
-        return tuple(a.name for a in self.axes)
+        return self._names
 
     @property
     def shape(self) -> tuple[Size, ...]:
@@ -146,7 +147,9 @@ class ArrayOb(cat.Ob):
         return f"ArrayOb({self.name!r}, {self.type!r})"
 
     def __str__(self):
-        return label(self.name, self.type)
+        if getattr(self, "_label", None) is None:
+            self._label = label(self.name, self.type)
+        return self._label
 
 
 def label(name: str, t: ArrayType) -> str:

@@ -83,7 +83,17 @@ _TYPES, BOXES = _Memo(), _Memo()  # BOXES: structural boxes (swaps, copies)
 
 
 def ty(obs: tuple) -> markov.Ty:
-    return _TYPES.get(obs, lambda: markov.Ty(*obs))
+    """``markov.Ty(*obs)`` for array objects, without re-checking each one."""
+    return _TYPES.get(obs, lambda: _make_ty(obs))
+
+
+def _make_ty(obs: tuple) -> markov.Ty:
+    if not all(isinstance(ob, ArrayOb) for ob in obs):
+        return markov.Ty(*obs)
+    out = markov.Ty.__new__(markov.Ty)
+    out.inside = obs
+    out.name = " @ ".join(map(str, obs)) or "Ty()"  # what Ty.__init__ names it
+    return out
 
 
 def layer(left: tuple, box, right: tuple) -> Layer:

@@ -59,18 +59,37 @@ def _mixing_reason(box, axis: str) -> str | None:
     return None
 
 
-def _inner_group(box, axis):
-    """A group over ``axis`` in ``box`` or anywhere inside it, else None."""
+def nested_groups(box):
+    """Every group spec in ``box`` (itself included) or anywhere inside it."""
     spec = box.data
-    if spec.kind == "group" and spec.axis == axis:
-        return spec
+    if spec.kind == "group":
+        yield spec
     for d in _inner_diagrams(spec):
         for b in d.boxes:
             if getattr(b, "data", None) is not None and hasattr(b.data, "kind"):
-                found = _inner_group(b, axis)
-                if found is not None:
-                    return found
+                yield from nested_groups(b)
+
+
+def nesting_reason(boxes, axis: str, level: str) -> str | None:
+    """Why a group over ``axis`` at ``level`` cannot hold ``boxes`` (None when it can):
+    nesting goes down the hierarchy, and re-tiling an axis needs a higher level."""
+    for box in boxes:
+        for inner in nested_groups(box):
+            if LEVELS.index(inner.level) < LEVELS.index(level):
+                return (f"{box.name} holds a group over {inner.axis} at {inner.level}, above "
+                        f"{level} (groups nest down the memory hierarchy)")
+            if inner.axis == axis and LEVELS.index(level) >= LEVELS.index(inner.level):
+                return (f"{box.name} already groups {axis} at {inner.level} "
+                        f"(regroup only at a higher level)")
     return None
+
+
+def fresh_size(boxes, axis: str, level: str):
+    """g_<axis>, or g_<axis>_<level> when a group inside already uses g_<axis>: a
+    regroup at a higher level needs a tile size of its own."""
+    default = tile_symbol("g", axis)
+    taken = {str(g.size) for box in boxes for g in nested_groups(box)}
+    return default if str(default) not in taken else tile_symbol("g", f"{axis}_{level}")
 
 
 def _inner_diagrams(spec):
@@ -96,11 +115,10 @@ class GroupPartition(Rule):
         body = body_at(program, site.path)
         graph = view(body)
         reg = region(graph, site.ops)
+        why = nesting_reason(reg.boxes(), axis, level)
+        if why:
+            raise RuleError(f"cannot group {axis} at {level}: {why}")
         for box in reg.boxes():
-            inner = _inner_group(box, axis)
-            if inner is not None and LEVELS.index(level) >= LEVELS.index(inner.level):
-                raise RuleError(f"cannot group {axis}: {box.name} already groups {axis} at "
-                                f"{inner.level} (regroup only at a higher level)")
             if not any(ob.type.has(axis) for ob in box.cod.inside):
                 raise RuleError(f"cannot group {axis}: {box.name} is not woven over {axis} "
                                 f"(its outputs {box.cod} lack the axis)")
@@ -119,7 +137,7 @@ class GroupPartition(Rule):
 
     def apply(self, program, site, params):
         body, graph, reg, axis, level = self._region(program, site, params)
-        size = size_param(params.get("size", str(tile_symbol("g", axis))))
+        size = size_param(params.get("size", str(fresh_size(reg.boxes(), axis, level))))
 
         inner = region_diagram(reg, axis, size)
         dom = markov.Ty(*(graph.nodes[v]["ob"] for v in reg.inputs))

@@ -10,12 +10,12 @@ from __future__ import annotations
 from discopy import markov
 
 from napkin.errors import RuleError
-from napkin.ir import ops as op_order, to_diagram, to_graph
+from napkin.ir import ops as op_order, to_diagram, to_graph, view
 from napkin.op import make_op
 from napkin.region import Site, body_at, replace_at
 from napkin.streamed import Group
 from rewrites.base import Rule
-from rewrites.group_partition import LEVELS
+from rewrites.group_partition import LEVELS, nesting_reason
 
 
 class RelabelLevel(Rule):
@@ -23,8 +23,8 @@ class RelabelLevel(Rule):
     summary = "move a group's arrays to a lower memory level (the meaning is unchanged)"
     proof = "proofs.relabel_level"
 
-    def _find(self, program, site, params):
-        g = to_graph(body_at(program, site.path))
+    def _find(self, program, site, params, graph_of=view):
+        g = graph_of(body_at(program, site.path))
         order = op_order(g)
         if len(site.ops) != 1 or not 0 <= site.ops[0] < len(order):
             raise RuleError("relabel_level applies at one group box (a site of one op)")
@@ -37,13 +37,17 @@ class RelabelLevel(Rule):
             raise RuleError(f"relabel_level: unknown level {level!r}; known: {', '.join(LEVELS)}")
         if LEVELS.index(level) <= LEVELS.index(spec.level):
             raise RuleError(f"relabel_level: {level} is not below the group's level {spec.level}")
+        why = nesting_reason([b for b in spec.body.boxes if getattr(b, "data", None) is not None],
+                             spec.axis, level)
+        if why:
+            raise RuleError(f"relabel_level: cannot move {g.nodes[n]['box'].name} to {level}: {why}")
         return g, n, spec, level
 
     def check(self, program, site, params):
         self._find(program, site, params)
 
     def apply(self, program, site, params):
-        g, n, spec, level = self._find(program, site, params)
+        g, n, spec, level = self._find(program, site, params, graph_of=to_graph)  # mutated below
         node = g.nodes[n]
         dom = markov.Ty(*(g.nodes[v]["ob"] for v in node["ins"]))
         node["box"] = make_op(Group(spec.axis, spec.size, spec.body, level), dom,
@@ -52,7 +56,7 @@ class RelabelLevel(Rule):
 
     def candidates(self, program, path=()):
         """Every group of the body, to every level below its own."""
-        g = to_graph(body_at(program, path))
+        g = view(body_at(program, path))
         for i, n in enumerate(op_order(g)):
             spec = g.nodes[n]["box"].data
             if spec.kind == "group":

@@ -134,6 +134,24 @@ def test_relabel_level_moves_down_only():
         RULES["relabel_level"].apply(lower, Site((), (0,)), {"level": "smem"})
 
 
+def test_groups_nest_down_the_hierarchy_and_regroups_get_their_own_tile():
+    """A regroup of an axis must sit at a higher level than the group it wraps, and
+    with a tile size of its own (otherwise group → relabel → group never ends)."""
+    p = derive("attention", [("group_partition", (), {"axis": "q"})])
+    with pytest.raises(RuleError, match="already groups q at smem"):
+        group.apply(p, whole(p), {"axis": "q", "level": "smem"})
+    lower = RULES["relabel_level"].apply(p, Site((), (0,)), {"level": "registers"})
+    outer = group.apply(lower, whole(lower), {"axis": "q"})  # smem above registers: allowed
+    (g,) = [b for b in outer.boxes if getattr(b, "data", None) is not None]
+    (inner,) = [b for b in g.data.body.boxes if getattr(b, "data", None) is not None]
+    assert str(g.data.size) == "g_q_smem" and str(inner.data.size) == "g_q"
+    check("attention", outer, dict(q=7, x=5, d=3), dict(g_q_smem=4, g_q=2))
+    with pytest.raises(RuleError, match="regroup only at a higher level"):
+        RULES["relabel_level"].apply(outer, Site((), (0,)), {"level": "registers"})
+    with pytest.raises(RuleError, match="nest down the memory hierarchy"):
+        group.apply(p, whole(p), {"axis": "q", "level": "registers"})
+
+
 def test_candidates_that_check_preserve_meaning():
     p = get("attention").diagram()
     proposals = list(group.candidates(p)) + list(stream.candidates(p))

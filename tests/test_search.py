@@ -99,6 +99,28 @@ def test_rmsnorm_matmul_streams_the_reduced_axis():
     assert one_pass, "the factored one-pass program was not explored"
 
 
+def group_levels(program):
+    out = []
+    for b in program.boxes:
+        spec = getattr(b, "data", None)
+        if spec is not None and spec.kind == "group":
+            out += [spec.level, *group_levels(spec.body)]
+    return out
+
+
+def test_whole_hierarchy_refines_the_best_structures_and_terminates():
+    """Four levels: the structure over two levels, then level refinements of the best
+    structures (groups down to registers, regroups inside kernels) — a finite space."""
+    r = search(get("attention").diagram(), H100, dict(q=4096, x=4096, d=128), "bf16",
+               levels="all")
+    assert r.limit_hit is None
+    assert streams(r.best.program) == [("x", "softmax_contraction")] and "q" in groups(r.best.program)
+    states = [r.graph.nodes[n]["state"] for n in r.graph.nodes]
+    assert any("registers" in group_levels(s.program) for s in states)  # refinements were tried
+    two = search(get("attention").diagram(), H100, dict(q=4096, x=4096, d=128), "bf16")
+    assert r.states > two.states and r.lower_bound_s <= r.best.time_s
+
+
 def test_plain_softmax_has_no_streamed_form_and_says_why():
     r = search(get("softmax").diagram(), H100, dict(n=4096, v=32768), "bf16")
     assert streams(r.best.program) == []

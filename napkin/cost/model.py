@@ -17,7 +17,7 @@ import sympy
 from napkin.arrays import canonical_dtype
 from napkin.errors import NapkinError
 from napkin.hardware import DTYPE_BYTES, Hardware, HardwareError, get_hardware
-from napkin.ir import ops as op_order, to_graph
+from napkin.ir import ops as op_order, view
 from napkin.primitives import TRANSCENDENTAL, merge_axes
 
 ZERO = sympy.Integer(0)
@@ -47,14 +47,25 @@ def _nonneg(expr) -> bool:
     return all(c >= 0 for c in e.as_coefficients_dict().values())
 
 
+@functools.lru_cache(maxsize=65536)
+def _expanded(expr):
+    return sympy.expand(expr)
+
+
+@functools.lru_cache(maxsize=262144)
+def _dominates(k, c) -> bool:
+    """k >= c for every size (memoised: kernels' peaks meet again in every state)."""
+    return _nonneg(k - c)
+
+
 def prune(cands: list) -> list:
     """Drop candidates that another candidate provably dominates; keep distinct ones."""
-    cands = [sympy.expand(c) for c in cands]
+    cands = [_expanded(c) for c in cands]
     keep: list = []
     for c in cands:
-        if any(_nonneg(k - c) for k in keep):
+        if any(_dominates(k, c) for k in keep):
             continue
-        keep = [k for k in keep if not _nonneg(c - k)]
+        keep = [k for k in keep if not _dominates(c, k)]
         keep.append(c)
     return keep or [ZERO]
 
@@ -132,7 +143,19 @@ def _peak_num(cands, sizes: Mapping) -> float:
 
 def _sym_subs(expr, sizes: Mapping):
     expr = sympy.sympify(expr)
+    try:
+        return _subs_cached(expr, tuple(sorted(sizes.items())))
+    except TypeError:  # unhashable sizes: no memo
+        return _subs(expr, sizes)
+
+
+def _subs(expr, sizes: Mapping):
     return expr.subs({s: sizes[s.name] for s in expr.free_symbols if s.name in sizes})
+
+
+@functools.lru_cache(maxsize=65536)
+def _subs_cached(expr, items: tuple):
+    return _subs(expr, dict(items))
 
 
 def _num(expr, sizes: Mapping) -> float:
@@ -281,6 +304,9 @@ class Cost:
 
 
 # --------------------------------------------------------------------------- the walk
+_KERNELS: dict = {}  # kernel memo: key -> (box, its own walk, its peaks)
+
+
 class _Walk:
     def __init__(self, hw: Hardware, dtype, intermediates: bool):
         self.hw = hw
@@ -407,24 +433,57 @@ class _Walk:
     # -- bodies -------------------------------------------------------------------------
     def top(self, D, R=1):
         """The program at the top level: every box outside a group runs as its own kernel."""
-        g = to_graph(D)
+        g = view(D)
         peaks: dict = {}
         for n in op_order(g):
-            box = g.nodes[n]["box"]
-            spec = box.data
-            if spec.kind == "group":
-                Lc = self.level_index(spec.level)
-                full, N = self._count(spec.axis, box, spec.size)
-                self.tile("group", spec.axis, spec.size, full, max(Lc, 1))
-                if Lc == 0:
-                    _merge_into(peaks, self.top(spec.body, R * N))
-                else:
-                    _merge_into(peaks, self.body(spec.body, Lc, R * N, [0] * len(box.dom),
-                                                 [0] * len(box.cod)))
-            else:
-                _merge_into(peaks, self.body(box, self.implicit_level, R, [0] * len(box.dom),
-                                             [0] * len(box.cod)))
+            _merge_into(peaks, self.kernel(g.nodes[n]["box"], R))
         return peaks
+
+    def _kernel(self, box, R):
+        spec = box.data
+        if spec.kind == "group":
+            Lc = self.level_index(spec.level)
+            full, N = self._count(spec.axis, box, spec.size)
+            self.tile("group", spec.axis, spec.size, full, max(Lc, 1))
+            if Lc == 0:
+                return self.top(spec.body, R * N)
+            return self.body(spec.body, Lc, R * N, [0] * len(box.dom), [0] * len(box.cod))
+        return self.body(box, self.implicit_level, R, [0] * len(box.dom), [0] * len(box.cod))
+
+    def kernel(self, box, R):
+        """One top-level box (a kernel, or a grid of them), memoised: a rewrite changes one
+        kernel of a program and the search prices the unchanged ones again and again.  The
+        kernel is walked on its own and its totals are added to this walk's."""
+        if not (self.dtype is None or isinstance(self.dtype, str)):
+            return self._kernel(box, R)
+        key = (id(box), id(self.hw), self.dtype, self.intermediates, sympy.sympify(R))
+        hit = _KERNELS.get(key)
+        if hit is None or hit[0] is not box:
+            if len(_KERNELS) > 20000:
+                _KERNELS.clear()
+            sub = _Walk(self.hw, self.dtype, self.intermediates)
+            hit = (box, sub, sub._kernel(box, R))  # holding the box keeps its id unique
+            _KERNELS[key] = hit
+        _, sub, peaks = hit
+        self.absorb(sub)
+        return {lv: _Peak(list(pk.vals), list(pk.byts)) for lv, pk in peaks.items()}
+
+    def absorb(self, other: "_Walk"):
+        """Add another walk's totals (transfers, FLOPs, tiles, records) to this one."""
+        for mine, theirs in ((self.loads, other.loads), (self.stores, other.stores),
+                             (self.loads_b, other.loads_b), (self.stores_b, other.stores_b)):
+            for table, add in zip(mine, theirs):
+                for name, v in add.items():
+                    table[name] += v
+        for unit, f in other.flops.items():
+            self.flops[unit] += f
+        for s, info in other.tiles.items():
+            self.tiles.setdefault(s, info)
+        for s, reasons in other.multiples.items():
+            for reason, m in reasons.items():
+                self.multiples[s][reason] = math.lcm(self.multiples[s].get(reason, 1), m)
+        self.contractions += other.contractions
+        self.streams += other.streams
 
     def _count(self, axis, box, size):
         full = next(ob.type.axis(axis).size for ob in box.dom.inside if ob.type.has(axis))
@@ -439,7 +498,7 @@ class _Walk:
         input positions whose buffers this body may overwrite once they die (a stream's state
         in its finalizer).  Returns {level: _Peak} of memory beyond what the caller holds.
         """
-        g = to_graph(D)
+        g = view(D)
         order = op_order(g)
         pos = {n: i for i, n in enumerate(order)}
         ins, outs = g.graph["inputs"], g.graph["outputs"]
@@ -651,5 +710,5 @@ def cost(program, hardware, dtype=None, *, intermediates: bool = True) -> Cost:
 
 def _top_values(D):
     """Every array of the top-level diagram (inputs and box outputs): all of it is in GMEM."""
-    g = to_graph(D)
+    g = view(D)
     return [g.nodes[v]["ob"] for v in g.nodes if g.nodes[v]["kind"] == "value"]

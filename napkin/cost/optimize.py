@@ -269,6 +269,7 @@ class Grid:
         grids = np.meshgrid(*[np.array(self.cands[t.name], dtype=float) for t in free],
                             indexing="ij") if free else []
         self.flat = [g.ravel() for g in grids]
+        self.axis_of = dict(zip(free, self.flat))
         self.n = self.flat[0].size if self.flat else 1
         self.nested_ok = np.ones(self.n, bool)  # a tile inside a tile of the same axis fits it
         for j, t in enumerate(free):
@@ -300,8 +301,19 @@ class Grid:
                             f"(give it in sizes)")
         if not self.free or not (e.free_symbols & set(self.free)):
             return np.full(self.n, float(e))
-        return np.broadcast_to(np.asarray(_lambdified(tuple(self.free), e)(*self.flat),
-                                          dtype=float), (self.n,))
+        # term by term: a program's total is a sum over its kernels, and the search
+        # meets the same kernels in state after state (each term compiled once)
+        terms = e.args if isinstance(e, sympy.Add) else (e,)
+        out = np.zeros(self.n)
+        for term in terms:
+            syms = tuple(sorted(term.free_symbols, key=str))  # its own: a key states share
+            if syms:
+                f = _lambdified(syms, term)
+                out += np.broadcast_to(np.asarray(f(*(self.axis_of[s] for s in syms)),
+                                                  dtype=float), (self.n,))
+            else:
+                out += float(term)
+        return out
 
     def feasible(self, capacity: Mapping | None = None) -> np.ndarray:
         ok = self.nested_ok.copy()
