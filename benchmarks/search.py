@@ -5,7 +5,12 @@ ratio to the lower bound, per algorithm and hierarchy depth.
 
 Two levels = GMEM + SMEM (the paper's setting); four = GMEM → L2 → SMEM →
 registers.  The last row is a chain of four cross-attention layers with their
-projections stated as one diagram (≥ 20 boxes).  Prints a table with ratios.
+projections stated as one diagram (≥ 20 boxes); it has no exhaustive answer in
+reach, so it runs for its target time and reports what it found.  Prints a table
+with ratios (to the search issue's time targets, and of the best modelled time to
+the admissible lower bound).  The first search in a process pays one-time imports
+and numpy code generation; a warm-up search on a small matmul pays them first,
+and the table times every search after it.
 """
 from __future__ import annotations
 
@@ -48,6 +53,15 @@ def attention_stack(layers: int = 4):
     return nk.trace(stack, {"X": (q, m), "C": (x, m), **weights}, f"attention_stack{layers}")
 
 
+# The search issue's targets (seconds, 2 cores).
+TARGETS = {("attention", "two"): 1.0, ("attention", "all"): 5.0, ("attention_stack4", "two"): 30.0}
+
+
+def _target(row) -> str:
+    t = TARGETS.get((row[0], row[1]))
+    return f"{row[5] / t:.2f}" if t and isinstance(row[5], float) else "-"
+
+
 def run(name, diagram, sizes, levels, max_states, max_seconds):
     t0 = time.perf_counter()
     try:
@@ -70,16 +84,23 @@ def main():
     p.add_argument("--max-states", type=int, default=400)
     p.add_argument("--max-seconds", type=float, default=60.0)
     a = p.parse_args()
+    t0 = time.perf_counter()  # one-time start-up: imports, numpy code generation
+    search(get("matmul").diagram(), "h100", dict(a=256, b=256, c=256), "bf16")
+    print(f"start-up (first search in the process, excluded below): "
+          f"{time.perf_counter() - t0:.2f} s\n")
     rows = []
     levels = ("two",) if a.quick else ("two", "all")
     for name, sizes in CASES:
         for lv in levels:
             rows.append(run(name, get(name).diagram(), sizes, lv, a.max_states, a.max_seconds))
     if not a.quick:
+        # the stack has no exhaustive answer in reach: what it finds within its target time
         rows.append(run("attention_stack4", attention_stack(4),
-                        dict(q=4096, x=4096, m=4096, d=128), "two", a.max_states, a.max_seconds))
-    head = ("algorithm", "levels", "boxes", "states", "expanded", "wall s", "best time s",
-            "÷ bound", "limit", "chain")
+                        dict(q=4096, x=4096, m=4096, d=128), "two", 100_000,
+                        TARGETS[("attention_stack4", "two")]))
+    rows = [(*r[:6], _target(r), *r[6:]) for r in rows]
+    head = ("algorithm", "levels", "boxes", "states", "expanded", "wall s", "÷ target",
+            "best time s", "÷ bound", "limit", "chain")
     widths = [max(len(str(x)) if not isinstance(x, float) else 10 for x in col)
               for col in zip(head, *rows)]
     fmt = lambda v: f"{v:.3g}" if isinstance(v, float) else str(v)  # noqa: E731

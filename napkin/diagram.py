@@ -8,9 +8,9 @@ builds thousands of diagrams; these are the same objects, made once).
 """
 from __future__ import annotations
 
-from discopy import markov
+from discopy import cat, markov
 from discopy.cat import factory
-from discopy.monoidal import Layer
+from discopy.monoidal import DRAWING_ATTRIBUTES, Layer
 
 from napkin.arrays import ArrayOb, describe
 from napkin.errors import CompositionError
@@ -125,6 +125,15 @@ class Diagram(markov.Diagram):
 
 class Box(markov.Box, Diagram):
     __ambiguous_inheritance__ = (markov.Box,)
+
+    def __init__(self, name: str, dom: markov.Ty, cod: markov.Ty, **params):
+        # monoidal.Box.__init__ minus its last step, which re-scans the box's one
+        # layer for composability (building two identities per box)
+        for attr in DRAWING_ATTRIBUTES:
+            if attr in params:
+                setattr(self, attr, params.pop(attr))
+        cat.Box.__init__(self, name, dom, cod, **params)
+        self.inside = (self.layer_factory.cast(self),)
 
 
 class Swap(markov.Swap, Box):

@@ -109,6 +109,26 @@ def region(graph: nx.DiGraph, op_indices) -> Region:
     return Region(graph, chosen, inputs, outputs)
 
 
+def region_key(reg: Region) -> tuple[tuple, tuple]:
+    """The identity of a region's content — its boxes, their wiring, its input
+    objects — as ``(key, held)``: ``key`` uses object ids, ``held`` the objects
+    (whoever stores the key must hold them, so that the ids stay unique).  Two
+    programs that share the boxes of a region (the search reaches one region from
+    many states) give it the same key."""
+    g = reg.graph
+    where = {v: ("in", i) for i, v in enumerate(reg.inputs)}
+    key, held = [], []
+    for j, n in enumerate(reg.nodes):
+        node = g.nodes[n]
+        key.append((id(node["box"]), tuple(where[v] for v in node["ins"])))
+        held.append(node["box"])
+        where.update({v: (j, k) for k, v in enumerate(node["outs"])})
+    key.append(tuple(where[v] for v in reg.outputs))
+    ins = tuple(g.nodes[v]["ob"] for v in reg.inputs)
+    key.append(tuple(map(id, ins)))
+    return tuple(key), (*held, *ins)
+
+
 def region_diagram(reg: Region, axis: str | None = None, size=None):
     """The region as a diagram of its own; with ``axis``, that axis is
     relabelled to ``size`` on every wire (boxes re-inferred, nested bodies too)."""

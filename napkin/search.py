@@ -18,6 +18,8 @@ from a rule's ``candidates``.
 """
 from __future__ import annotations
 
+import contextlib
+import gc
 import heapq
 import itertools
 import math
@@ -26,11 +28,14 @@ from dataclasses import dataclass, field
 
 import networkx as nx
 
+from napkin.certificate import fingerprint
 from napkin.errors import NapkinError, RuleError
 from napkin.ir import ops as op_order, view
+from napkin.cost import Grid, cost, optimize_tiles
 from napkin.cost.model import _num
-from napkin.hardware import DTYPE_BYTES
+from napkin.hardware import DTYPE_BYTES, get_hardware
 from napkin.region import Site, body_at
+from rewrites import RULES
 
 
 @dataclass(frozen=True)
@@ -56,7 +61,8 @@ class State:
     key: str
     program: object
     chain: tuple[Move, ...]
-    tiles: object = None          # napkin.cost.Tiles
+    _tiles: object = None         # napkin.cost.Tiles, filled on first use (see ``tiles``)
+    _report: object = None        # the Evaluator that fills them
     time_s: float = math.inf
     feasible: bool = False
     min_memory: dict = field(default_factory=dict)
@@ -68,6 +74,19 @@ class State:
                                           # kernels' smallest memory), summed
     bound_by: str = ""
     tile_values: dict = field(default_factory=dict)
+
+
+    @property
+    def tiles(self):
+        """The full optimum (integer tiles, continuous optimum, canonical form, bounds),
+        worked out when first asked for: the search itself needs only the grid."""
+        if self._tiles is None and self._report is not None:
+            self._report.report(self)
+        return self._tiles
+
+    @tiles.setter
+    def tiles(self, value):
+        self._tiles = value
 
 
 @dataclass
@@ -126,7 +145,6 @@ def _grouped_axes(program, path) -> set[str]:
 def moves(program, rules=None, refused: dict | None = None, levels=None):
     """Every applicable rule application (premises checked).  ``refused``, if
     given, collects ``{(rule, axis): reason}`` for proposals whose premises fail."""
-    from rewrites import RULES
     # head_grouping is group_partition at size 1, which the tile optimiser already
     # reaches through g_k; proposing both would only duplicate states.
     rules = rules or {k: v for k, v in RULES.items() if k != "head_grouping"}
@@ -177,7 +195,6 @@ def _canonical_nesting(program, path, site, axis) -> bool:
 
 
 def apply_move(program, move: Move):
-    from rewrites import RULES
     return RULES[move.rule].apply(program, move.site, move.params_dict)
 
 
@@ -186,7 +203,6 @@ class Evaluator:
 
     def __init__(self, hardware, sizes: dict, dtype=None, objective: str = "time",
                  levels: str = "two"):
-        from napkin.hardware import get_hardware
         hw = get_hardware(hardware)
         self.hw = hw.two_level() if levels == "two" and len(hw.levels) > 2 else hw
         # level names the rules may use: a two-level profile keeps its on-chip level
@@ -196,7 +212,6 @@ class Evaluator:
 
     def __call__(self, state: State) -> None:
         """Integer-optimal tiles and their time (the cheap part: one numpy grid)."""
-        from napkin.cost import Grid, cost
         try:
             c = cost(state.program, self.hw, self.dtype)
             grid = Grid(c, self.sizes)
@@ -232,19 +247,15 @@ class Evaluator:
 
     def report(self, state: State) -> None:
         """The full optimum (continuous optimum, canonical form, bound ratio)."""
-        from napkin.cost import optimize_tiles
-        if state.tiles is None and getattr(state, "cost", None) is not None:
-            state.tiles = optimize_tiles(state.cost, sizes=self.sizes, objective=self.objective,
+        if state._tiles is None and getattr(state, "cost", None) is not None:
+            state._tiles = optimize_tiles(state.cost, sizes=self.sizes, objective=self.objective,
                                          grid=state.grid)
 
     def lower_bound(self, diagram) -> float:
         """Compulsory traffic and compute at peak: no streamed program beats this."""
-        from napkin.cost import cost
-        from napkin.cost.model import _num
         c = cost(diagram, self.hw, self.dtype)
         next_bw = self.hw.levels[1].bandwidth_bytes_per_s
         io = 0.0
-        from napkin.hardware import DTYPE_BYTES
         for ob in [*diagram.dom.inside, *diagram.cod.inside]:
             dt = self.dtype if isinstance(self.dtype, str) else ob.type.dtype
             io += _num(ob.type.numel, self.sizes) * DTYPE_BYTES.get(dt, 4)
@@ -269,6 +280,27 @@ def search(diagram, hardware="h100", sizes=None, dtype=None, *, max_states: int 
     axes re-tiled inside existing kernels — over the whole hierarchy.  Searching
     every level assignment of every structure at once grows the space about
     thirtyfold for attention (1798 states against 68) and finds the same optimum."""
+    with _collector_paused():
+        return _search(diagram, hardware, sizes, dtype, max_states, max_seconds, objective,
+                       keep, levels)
+
+
+@contextlib.contextmanager
+def _collector_paused():
+    """The search allocates millions of short-lived objects while the memos hold many
+    long-lived ones; Python's cyclic collector would re-traverse those again and again
+    (about a third of the search's time).  Reference counting still frees everything
+    that is not in a cycle; the collector runs again as soon as the search returns."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def _search(diagram, hardware, sizes, dtype, max_states, max_seconds, objective, keep, levels):
     t0 = time.perf_counter()
     if levels == "all":
         coarse = _best_first([diagram], Evaluator(hardware, sizes or {}, dtype, objective, "two"),
@@ -320,7 +352,7 @@ class _Run:
                 ranked.append(s)
             if len(ranked) == keep:
                 break
-        ev.report(best)
+        best._report = ev
         return SearchResult(diagram, best, ranked, self.states_seen, self.expanded,
                             time.perf_counter() - t0, self.limit, self.graph, self.bound,
                             self.refused)
@@ -331,7 +363,6 @@ def _best_first(roots, ev: "Evaluator", max_states: int, max_seconds: float, t0:
     """Best-first from ``roots`` (diagrams, or (program, chain) pairs) of ``algorithm``
     (default: the first root).  ``only``: the rules allowed; ``inside_kernels``: only
     sites inside an existing group."""
-    from napkin.certificate import fingerprint
     roots = [r if isinstance(r, tuple) else (r, ()) for r in roots]
     run = _Run(nx.DiGraph(), None, ev.lower_bound(algorithm or roots[0][0]))
     tie = itertools.count()
@@ -345,11 +376,9 @@ def _best_first(roots, ev: "Evaluator", max_states: int, max_seconds: float, t0:
         run.best = _better(run.best, state)
         heapq.heappush(frontier, (*_priority(state), next(tie), state))
     root_keys = set(run.graph.nodes)
-    rules = None
-    if only is not None:
-        from rewrites import RULES
-        rules = {k: RULES[k] for k in only}
-    while frontier:
+    rules = None if only is None else {k: RULES[k] for k in only}
+    partly = ""  # set when the clock stops an expansion halfway
+    while frontier and not partly:
         if run.graph.number_of_nodes() >= max_states:
             run.limit = f"state limit {max_states} reached ({len(frontier)} states unexpanded)"
             break
@@ -362,6 +391,11 @@ def _best_first(roots, ev: "Evaluator", max_states: int, max_seconds: float, t0:
         run.expanded += 1
         refused = run.refused if state.key in root_keys and only is None else None
         for mv in moves(state.program, rules=rules, refused=refused, levels=ev.levels):
+            if time.perf_counter() - t0 > max_seconds:
+                partly = (f"time limit {max_seconds:g} s reached ({len(frontier)} states "
+                          f"unexpanded, one partly expanded)")
+                run.limit = partly
+                break
             if inside_kernels and not mv.site.path and mv.rule != "relabel_level":
                 continue
             try:
@@ -440,7 +474,6 @@ def _too_small(states, ev) -> str:
 def enumerate_chains(diagram, depth: int):
     """Every program reachable in at most ``depth`` rule applications (for
     cross-checking the search on small instances)."""
-    from napkin.certificate import fingerprint
     seen = {fingerprint(diagram): (diagram, ())}
     layer = [(diagram, ())]
     for _ in range(depth):

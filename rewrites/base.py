@@ -17,7 +17,25 @@ from dataclasses import dataclass, field
 import sympy
 
 from napkin.arrays import ArrayType
-from napkin.region import Site
+from napkin.region import Site, region_key
+
+
+_BUILT: dict = {}
+
+
+def replacement(rule: str, params: tuple, reg, make):
+    """The box ``make()`` builds to replace region ``reg``, memoised by the region's
+    content (:func:`napkin.region.region_key`) and the rule's parameters: a search
+    applies the same rewrite to the same boxes from many states, and handing back
+    the same box lets the cost and fingerprint memos recognise the kernel."""
+    key, held = region_key(reg)
+    full = (rule, params, key)
+    hit = _BUILT.get(full)
+    if hit is None:
+        if len(_BUILT) > 20000:
+            _BUILT.clear()
+        hit = _BUILT[full] = (held, make())
+    return hit[1]
 
 
 class Rule:

@@ -19,7 +19,7 @@ from napkin.ir import ops as op_order, to_diagram, view
 from napkin.op import make_op
 from napkin.region import Site, body_at, region, region_diagram, replace_at, splice
 from napkin.streamed import Group, tile_symbol
-from rewrites.base import Rule, size_param
+from rewrites.base import Rule, replacement, size_param
 
 LEVELS = ("gmem", "l2", "smem", "registers")
 
@@ -139,10 +139,12 @@ class GroupPartition(Rule):
         body, graph, reg, axis, level = self._region(program, site, params)
         size = size_param(params.get("size", str(fresh_size(reg.boxes(), axis, level))))
 
-        inner = region_diagram(reg, axis, size)
-        dom = markov.Ty(*(graph.nodes[v]["ob"] for v in reg.inputs))
-        names = [graph.nodes[v]["ob"].name for v in reg.outputs]
-        box = make_op(Group(axis, size, inner, level), dom, names, f"group {axis}")
+        def make():
+            inner = region_diagram(reg, axis, size)
+            dom = markov.Ty(*(graph.nodes[v]["ob"] for v in reg.inputs))
+            names = [graph.nodes[v]["ob"].name for v in reg.outputs]
+            return make_op(Group(axis, size, inner, level), dom, names, f"group {axis}")
+        box = replacement(self.name, (axis, size, level), reg, make)
         return replace_at(program, site.path, to_diagram(splice(reg, box)))
 
     def candidates(self, program, path=()):

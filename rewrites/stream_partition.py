@@ -33,7 +33,7 @@ from napkin.op import make_op
 from napkin.region import Site, body_at, region, replace_at, splice
 from napkin.streamed import Stream, tile_symbol
 from napkin.trace import trace
-from rewrites.base import Rule, ob, size_param
+from rewrites.base import Rule, ob, replacement, size_param
 from rewrites.group_partition import mixing_reason
 
 
@@ -179,9 +179,12 @@ class StreamPartition(Rule):
     def apply(self, program, site, params):
         graph, reg, axis, (claims, pre, post) = self._analyse(program, site, params)
         chunk = size_param(params.get("chunk", str(tile_symbol("s", axis))))
-        spec = build_stream(graph, reg, axis, chunk, claims, pre, post)
-        dom = markov.Ty(*(ob(graph, v) for v in reg.inputs))
-        box = make_op(spec, dom, [ob(graph, v).name for v in reg.outputs], f"stream {axis}")
+
+        def make():
+            spec = build_stream(graph, reg, axis, chunk, claims, pre, post)
+            dom = markov.Ty(*(ob(graph, v) for v in reg.inputs))
+            return make_op(spec, dom, [ob(graph, v).name for v in reg.outputs], f"stream {axis}")
+        box = replacement(self.name, (axis, chunk), reg, make)
         return replace_at(program, site.path, to_diagram(splice(reg, box)))
 
     def candidates(self, program, path=()):

@@ -54,8 +54,13 @@ def _expanded(expr):
 
 @functools.lru_cache(maxsize=262144)
 def _dominates(k, c) -> bool:
-    """k >= c for every size (memoised: kernels' peaks meet again in every state)."""
-    return _nonneg(k - c)
+    """k >= c for every size, for expanded ``k`` and ``c``: every coefficient of k - c
+    is non-negative (as :func:`_nonneg`, but term by term instead of expanding the
+    difference again; memoised: kernels' peaks meet again in every state)."""
+    diff = dict(k.as_coefficients_dict())
+    for term, coef in c.as_coefficients_dict().items():
+        diff[term] = diff.get(term, 0) - coef
+    return all(v >= 0 for v in diff.values())
 
 
 def prune(cands: list) -> list:
@@ -150,7 +155,9 @@ def _sym_subs(expr, sizes: Mapping):
 
 
 def _subs(expr, sizes: Mapping):
-    return expr.subs({s: sizes[s.name] for s in expr.free_symbols if s.name in sizes})
+    # xreplace: sizes replace whole symbols, which needs none of subs' pattern matching
+    return expr.xreplace({s: sympy.sympify(sizes[s.name]) for s in expr.free_symbols
+                          if s.name in sizes})
 
 
 @functools.lru_cache(maxsize=65536)
