@@ -74,6 +74,7 @@ class State:
                                           # kernels' smallest memory), summed
     bound_by: str = ""
     tile_values: dict = field(default_factory=dict)
+    found_s: float = 0.0          # seconds into the search when it was reached
 
 
     @property
@@ -101,6 +102,13 @@ class SearchResult:
     graph: nx.DiGraph
     lower_bound_s: float
     refused: dict = field(default_factory=dict)  # (rule, axis) -> why, at the algorithm itself
+
+    @property
+    def first_fit_s(self) -> float:
+        """Seconds into the search when the first program that fits was reached (a search
+        stopped by its limits still hands back the best it found by then)."""
+        return min(self.graph.nodes[n]["state"].found_s for n in self.graph.nodes
+                   if self.graph.nodes[n]["state"].feasible)
 
     def reason_loses(self, alt: State) -> str:
         """Why an alternative is worse than the best, in words."""
@@ -227,8 +235,8 @@ class Evaluator:
                 # smallest capacity (each layer of a stack counts: the kernels' peaks alone
                 # are one per shape, blind to one layer fixed), then every kernel's need
                 state.excess = (self.overflow(state.program, {**self.sizes, **state.tile_values}),
-                                sum(float(grid.ev(e).min()) for lv in grid.mem
-                                    for e in c.memory_bytes_candidates[lv]))
+                                sum(float(m.min()) for arrays in grid.mem_candidates.values()
+                                    for m in arrays))
         except NapkinError as e:
             state.error = str(e)
 
@@ -370,6 +378,7 @@ def _best_first(roots, ev: "Evaluator", max_states: int, max_seconds: float, t0:
     for prog, chain in roots:
         state = State(fingerprint(prog), prog, tuple(chain))
         ev(state)
+        state.found_s = time.perf_counter() - t0
         if state.error and "no size" in state.error:
             raise NapkinError(state.error)
         run.graph.add_node(state.key, state=state)
@@ -408,6 +417,7 @@ def _best_first(roots, ev: "Evaluator", max_states: int, max_seconds: float, t0:
                 continue
             child = State(key, child_prog, (*state.chain, mv))
             ev(child)
+            child.found_s = time.perf_counter() - t0
             run.graph.add_node(key, state=child)
             run.graph.add_edge(state.key, key, move=mv)
             run.best = _better(run.best, child)

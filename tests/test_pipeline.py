@@ -40,6 +40,7 @@ def test_optimize_writes_a_certificate_that_checks(capsys, tmp_path):
     assert [s["rule"] for s in data["chain"]] == ["group_partition", "stream_partition"]
     assert {"tiles", "cost", "alternatives", "search"} <= set(data)
     assert data["search"]["states"] > 0 and data["search"]["seconds"] > 0
+    assert 0 <= data["search"]["first_fit_s"] <= data["search"]["best_found_s"] <= data["search"]["seconds"]
     status, out, _ = run(capsys, "check", str(cert))
     assert status == 0 and "1 certificates verified" in out
     bad = json.loads(cert.read_text())

@@ -288,9 +288,11 @@ class Grid:
         self.which = T.argmax(axis=0)
         self.Hv = self.ev(tv[self.level])
         self.Hb = self.ev(tb[self.level])
-        self.mem = {lv: np.max(np.stack([self.ev(e) for e in c.memory_bytes_candidates[lv]]),
-                               axis=0)
-                    for lv in c.levels[1:]}
+        # every candidate peak per level (kept: a search reads each one's minimum)
+        self.mem_candidates = {lv: [self.ev(e) for e in c.memory_bytes_candidates[lv]]
+                               for lv in c.levels[1:]}
+        self.mem = {lv: np.max(np.stack(arrays), axis=0)
+                    for lv, arrays in self.mem_candidates.items()}
         self.memsum = sum(self.mem.values())
 
     def ev(self, expr) -> np.ndarray:
