@@ -88,7 +88,7 @@ def run(name, diagram, sizes, levels, max_states, max_seconds):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--quick", action="store_true", help="two levels only, small limits")
-    p.add_argument("--max-states", type=int, default=400)
+    p.add_argument("--max-states", type=int, default=2000)
     p.add_argument("--max-seconds", type=float, default=60.0)
     a = p.parse_args()
     t0 = time.perf_counter()  # one-time start-up: imports, numpy code generation

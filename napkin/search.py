@@ -43,6 +43,9 @@ class Move:
     rule: str
     site: Site
     params: tuple  # sorted (key, value) pairs, hashable
+    # what it rewrites: rule, parameters and the ids of the boxes at the site (the same
+    # rewrite of the same boxes in two states has one ident); not part of equality
+    ident: tuple = field(default=(), compare=False, repr=False)
 
     @property
     def params_dict(self) -> dict:
@@ -75,6 +78,10 @@ class State:
     bound_by: str = ""
     tile_values: dict = field(default_factory=dict)
     found_s: float = 0.0          # seconds into the search when it was reached
+    parent: "State | None" = field(default=None, repr=False)  # the state it was first reached from
+    via: Move | None = None       # ... by this move
+    moves: list | None = field(default=None, repr=False)      # its moves, once listed
+    children: dict = field(default_factory=dict, repr=False)  # move ident -> child key
 
 
     @property
@@ -102,6 +109,7 @@ class SearchResult:
     graph: nx.DiGraph
     lower_bound_s: float
     refused: dict = field(default_factory=dict)  # (rule, axis) -> why, at the algorithm itself
+    commuted: int = 0  # moves not applied: their program is reached in the other order
 
     @property
     def first_fit_s(self) -> float:
@@ -173,7 +181,14 @@ def moves(program, rules=None, refused: dict | None = None, levels=None):
                     if refused is not None:
                         refused.setdefault((name, params.get("axis")), str(e))
                     continue
-                yield Move(name, site, tuple(sorted(params.items())))
+                ps = tuple(sorted(params.items()))
+                yield Move(name, site, ps, (name, ps, _box_ids(program, site)))
+
+
+def _box_ids(program, site: Site) -> tuple:
+    g = view(body_at(program, site.path))
+    order = op_order(g)
+    return tuple(id(g.nodes[order[i]]["box"]) for i in site.ops)
 
 
 def _single_group(body):
@@ -278,7 +293,7 @@ REFINEMENTS = ("relabel_level", "group_partition")
 
 def search(diagram, hardware="h100", sizes=None, dtype=None, *, max_states: int = 400,
            max_seconds: float = 60.0, objective: str = "time", keep: int = 5,
-           levels: str = "two") -> SearchResult:
+           levels: str = "two", commute: bool = True) -> SearchResult:
     """Best-first search for the fastest streamed program of ``diagram``.
 
     ``levels``: "two" (GMEM + SMEM, the paper's setting) or "all" (the
@@ -287,10 +302,15 @@ def search(diagram, hardware="h100", sizes=None, dtype=None, *, max_states: int 
     level refinements of the best structures — groups moved down to registers,
     axes re-tiled inside existing kernels — over the whole hierarchy.  Searching
     every level assignment of every structure at once grows the space about
-    thirtyfold for attention (1798 states against 68) and finds the same optimum."""
+    thirtyfold for attention (1798 states against 68) and finds the same optimum.
+
+    ``commute``: apply two moves that rewrite disjoint boxes in one order only (a
+    partial-order reduction, checked move by move); off, every order is applied and
+    the duplicates are caught by their fingerprints.  Programs whose boxes differ only
+    in the emitter's order within a body are then merged as well."""
     with _collector_paused():
         return _search(diagram, hardware, sizes, dtype, max_states, max_seconds, objective,
-                       keep, levels)
+                       keep, levels, commute)
 
 
 @contextlib.contextmanager
@@ -308,23 +328,26 @@ def _collector_paused():
             gc.enable()
 
 
-def _search(diagram, hardware, sizes, dtype, max_states, max_seconds, objective, keep, levels):
+def _search(diagram, hardware, sizes, dtype, max_states, max_seconds, objective, keep, levels,
+            commute):
     t0 = time.perf_counter()
     if levels == "all":
         coarse = _best_first([diagram], Evaluator(hardware, sizes or {}, dtype, objective, "two"),
-                             max_states, max_seconds, t0)
+                             max_states, max_seconds, t0, commute=commute)
         ev = Evaluator(hardware, sizes or {}, dtype, objective, "all")
         ranked = sorted((s for s in coarse.states() if s.feasible), key=lambda s: s.time_s)
         seeds = [(s.program, s.chain) for s in ranked[:keep]] or [(diagram, ())]
         fine = _best_first(seeds, ev, max_states, max_seconds, t0, only=REFINEMENTS,
-                           inside_kernels=True, algorithm=diagram)
+                           inside_kernels=True, algorithm=diagram, commute=commute)
         fine.states_seen += coarse.states_seen
         fine.expanded += coarse.expanded
+        fine.commuted += coarse.commuted
         fine.refused = coarse.refused
         fine.limit = fine.limit or coarse.limit
         return fine.result(diagram, ev, keep, t0)
     ev = Evaluator(hardware, sizes or {}, dtype, objective, levels)
-    return _best_first([diagram], ev, max_states, max_seconds, t0).result(diagram, ev, keep, t0)
+    return _best_first([diagram], ev, max_states, max_seconds, t0,
+                       commute=commute).result(diagram, ev, keep, t0)
 
 
 @dataclass
@@ -334,6 +357,7 @@ class _Run:
     best: State
     bound: float
     expanded: int = 0
+    commuted: int = 0    # moves not applied: the same program is reached in another order
     states_seen: int = 0
     limit: str | None = None
     refused: dict = field(default_factory=dict)
@@ -363,11 +387,12 @@ class _Run:
         best._report = ev
         return SearchResult(diagram, best, ranked, self.states_seen, self.expanded,
                             time.perf_counter() - t0, self.limit, self.graph, self.bound,
-                            self.refused)
+                            self.refused, self.commuted)
 
 
 def _best_first(roots, ev: "Evaluator", max_states: int, max_seconds: float, t0: float,
-                only=None, inside_kernels: bool = False, algorithm=None) -> _Run:
+                only=None, inside_kernels: bool = False, algorithm=None,
+                commute: bool = True) -> _Run:
     """Best-first from ``roots`` (diagrams, or (program, chain) pairs) of ``algorithm``
     (default: the first root).  ``only``: the rules allowed; ``inside_kernels``: only
     sites inside an existing group."""
@@ -386,6 +411,34 @@ def _best_first(roots, ev: "Evaluator", max_states: int, max_seconds: float, t0:
         heapq.heappush(frontier, (*_priority(state), next(tie), state))
     root_keys = set(run.graph.nodes)
     rules = None if only is None else {k: RULES[k] for k in only}
+    rank: dict = {}  # move ident -> a fixed total order (first seen, first ranked)
+
+    def moves_of(state: State) -> list:
+        if state.moves is None:
+            refused = run.refused if state.key in root_keys and only is None else None
+            state.moves = [mv for mv in moves(state.program, rules=rules, refused=refused,
+                                              levels=ev.levels)
+                           if not (inside_kernels and not mv.site.path
+                                   and mv.rule != "relabel_level")]
+            for mv in state.moves:
+                rank.setdefault(mv.ident, len(rank))
+        return state.moves
+
+    def commutes_earlier(state: State, mv: Move) -> bool:
+        """Partial-order reduction (a sleep set one level deep): ``state`` is P·m_i, and
+        ``mv`` rewrites boxes that P's move m_j rewrote too, with m_j before m_i in the
+        fixed order.  P·m_j·m_i is then this same program and P·m_j will apply m_i —
+        checked, not assumed: m_i must be among P·m_j's own moves.  Each skip hands the
+        program to a move later in the order, so some state does apply it."""
+        parent, m_i = state.parent, state.via
+        if not commute or parent is None or rank[mv.ident] >= rank[m_i.ident]:
+            return False
+        key_j = parent.children.get(mv.ident)
+        if key_j is None:
+            return False
+        other = run.graph.nodes[key_j]["state"]
+        return any(m.ident == m_i.ident for m in moves_of(other))
+
     partly = ""  # set when the clock stops an expansion halfway
     while frontier and not partly:
         if run.graph.number_of_nodes() >= max_states:
@@ -398,24 +451,25 @@ def _best_first(roots, ev: "Evaluator", max_states: int, max_seconds: float, t0:
         if run.best.feasible and run.bound >= run.best.time_s * (1 - 1e-12):
             break  # nothing can beat the best: it meets the lower bound
         run.expanded += 1
-        refused = run.refused if state.key in root_keys and only is None else None
-        for mv in moves(state.program, rules=rules, refused=refused, levels=ev.levels):
+        for mv in moves_of(state):
             if time.perf_counter() - t0 > max_seconds:
                 partly = (f"time limit {max_seconds:g} s reached ({len(frontier)} states "
                           f"unexpanded, one partly expanded)")
                 run.limit = partly
                 break
-            if inside_kernels and not mv.site.path and mv.rule != "relabel_level":
+            if commutes_earlier(state, mv):
+                run.commuted += 1
                 continue
             try:
                 child_prog = apply_move(state.program, mv)
             except RuleError:
                 continue
             key = fingerprint(child_prog)
+            state.children[mv.ident] = key
             if key in run.graph:
                 run.graph.add_edge(state.key, key, move=mv)
                 continue
-            child = State(key, child_prog, (*state.chain, mv))
+            child = State(key, child_prog, (*state.chain, mv), parent=state, via=mv)
             ev(child)
             child.found_s = time.perf_counter() - t0
             run.graph.add_node(key, state=child)
