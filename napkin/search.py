@@ -12,9 +12,15 @@ Best-first: the frontier is ordered by the state's own optimised time, and a
 state is expanded only while an admissible lower bound — the compulsory
 traffic (read every input and write every output once at the top level) and
 the FLOPs at peak throughput, which no rewrite can beat — is below the best
-time found.  Limits on states and seconds are reported in the result when hit,
-never silently.  There is no algorithm-specific code here: every move comes
+time found; states that do not fit yet are ordered by how far their boxes
+overflow the chip.  Limits on states and seconds are reported in the result when
+hit, never silently.  There is no algorithm-specific code here: every move comes
 from a rule's ``candidates``.
+
+Two moves that rewrite disjoint boxes commute; the second order is skipped when
+the first is checked to reach the same program (a partial-order reduction).
+Over the whole memory hierarchy the search runs in two phases: the structure
+over two levels, then the level refinements of the best structures.
 """
 from __future__ import annotations
 
