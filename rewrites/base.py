@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import sympy
 
 from napkin.arrays import ArrayType
+from napkin.errors import RuleError
 from napkin.region import Site, region_key
 
 
@@ -95,11 +96,17 @@ def ob(graph, v):
     return graph.nodes[v]["ob"]
 
 
-def size_param(value):
-    """A tile size from JSON: an int, or a symbol name like "g_q"."""
-    if isinstance(value, int):
+def size_param(value, what: str = "size"):
+    """A tile size from JSON: a positive int, or a symbol name like "g_q"."""
+    if isinstance(value, sympy.Symbol):
+        value = value.name
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 1:
+            raise RuleError(f"{what} must be a positive integer or a tile name, got {value}")
         return value
-    return sympy.Symbol(str(value), integer=True, positive=True)
+    if isinstance(value, str) and value.isidentifier():
+        return sympy.Symbol(value, integer=True, positive=True)
+    raise RuleError(f"{what} must be a positive integer or a tile name such as g_q, got {value!r}")
 
 
 def size_json(value):

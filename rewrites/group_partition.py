@@ -109,6 +109,8 @@ class GroupPartition(Rule):
         axis = params.get("axis")
         if not isinstance(axis, str):
             raise RuleError("group_partition needs a parameter axis (an axis name)")
+        if "size" in params:
+            size_param(params["size"], "group_partition size")
         level = params.get("level", "smem")
         if level not in LEVELS:
             raise RuleError(f"group_partition: unknown level {level!r}; known: {', '.join(LEVELS)}")

@@ -168,6 +168,8 @@ class StreamPartition(Rule):
         axis = params.get("axis")
         if not isinstance(axis, str):
             raise RuleError("stream_partition needs a parameter axis (an axis name)")
+        if "chunk" in params:
+            size_param(params["chunk"], "stream_partition chunk")
         body = body_at(program, site.path)
         graph = view(body)
         reg = region(graph, site.ops)

@@ -97,6 +97,11 @@ def test_symbolic_tiles_need_values():
     ("rmsnorm_matmul", "stream_partition", (), {"axis": "d"}, "depends on a reduction over d"),
     ("attention", "head_grouping", (), {"axis": "q"}, "no query-head axis is broadcast"),
     ("attention", "group_partition", (), {}, "needs a parameter axis"),
+    ("attention", "group_partition", (), {"axis": "q", "size": "2.5"},
+     "group_partition size must be a positive integer or a tile name such as g_q, got '2.5'"),
+    ("attention", "group_partition", (), {"axis": "q", "size": 0}, "got 0"),
+    ("attention", "group_partition", (), {"axis": "q", "size": True}, "got True"),
+    ("attention", "stream_partition", (), {"axis": "x", "chunk": -4}, "stream_partition chunk must"),
 ])
 def test_rules_say_why_they_do_not_apply(name, rule, path, params, msg):
     p = get(name).diagram()
