@@ -82,6 +82,7 @@ def _size(value) -> str:
     raise TypeError(f"cannot fingerprint a size {value!r} ({type(value).__name__})")
 
 
+@functools.lru_cache(maxsize=16384)
 def _type(t: ArrayType) -> str:
     return "[" + ",".join(f"{a.name}:{_size(a.size)}" for a in t.axes) + "]" + t.dtype
 
@@ -119,6 +120,11 @@ def _value(value, indent: str, labels: bool) -> str:
     if dataclasses.is_dataclass(value):
         return _spec(value, indent, labels)
     raise TypeError(f"cannot fingerprint a {type(value).__name__}: {value!r}")
+
+
+def render_value(value) -> str:
+    """The canonical text of one value that is not a diagram (a spec field, a type)."""
+    return _value(value, "", False)
 
 
 def _spec(spec, indent: str, labels: bool) -> str:

@@ -1,9 +1,9 @@
 """Search: the chain of rule applications that minimises modelled time.
 
-The state space is a networkx DiGraph: nodes are programs, identified by their
-canonical fingerprint (napkin.certificate: a structural rendering, so two
-chains reaching the same program meet in one node); edges are rule
-applications (rule, site, parameters).  Tile sizes stay symbolic (g_q, s_x)
+The state space is a networkx DiGraph: nodes are programs, identified up to the
+order of independent boxes (napkin.canonical: a hash-consed canonical form, with
+an isomorphism check behind it, so two chains reaching the same program meet in
+one node); edges are rule applications (rule, site, parameters).  Tile sizes stay symbolic (g_q, s_x)
 during the structural search; every state gets its tiles from the cost
 model's optimiser (napkin.cost.optimize_tiles) for the given sizes and
 hardware.
@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 import networkx as nx
 
+from napkin.canonical import canonical_hash, same_program
 from napkin.certificate import fingerprint
 from napkin.errors import NapkinError, RuleError
 from napkin.ir import ops as op_order, view
@@ -228,7 +229,7 @@ def apply_move(program, move: Move):
 
 
 class Evaluator:
-    """Cost of a program for fixed sizes and hardware (memoised by fingerprint)."""
+    """Cost of a program for fixed sizes and hardware."""
 
     def __init__(self, hardware, sizes: dict, dtype=None, objective: str = "time",
                  levels: str = "two"):
@@ -312,8 +313,7 @@ def search(diagram, hardware="h100", sizes=None, dtype=None, *, max_states: int 
 
     ``commute``: apply two moves that rewrite disjoint boxes in one order only (a
     partial-order reduction, checked move by move); off, every order is applied and
-    the duplicates are caught by their fingerprints.  Programs whose boxes differ only
-    in the emitter's order within a body are then merged as well."""
+    the duplicates meet in one state by their canonical form."""
     with _collector_paused():
         return _search(diagram, hardware, sizes, dtype, max_states, max_seconds, objective,
                        keep, levels, commute)
@@ -368,8 +368,25 @@ class _Run:
     limit: str | None = None
     refused: dict = field(default_factory=dict)
 
+    buckets: dict = field(default_factory=dict)  # canonical hash -> node keys
+
     def states(self):
         return [self.graph.nodes[n]["state"] for n in self.graph.nodes]
+
+    def find(self, program) -> tuple[str, str | None]:
+        """(canonical hash, key of the state holding this program or None)."""
+        h = canonical_hash(program)
+        for k in self.buckets.get(h, ()):
+            known = self.graph.nodes[k]["state"].program
+            if fingerprint(known) == fingerprint(program) or same_program(known, program):
+                return h, k
+        return h, None
+
+    def new_key(self, h: str) -> str:
+        """A node key for a program not in the graph (a hash collision gets a suffix)."""
+        keys = self.buckets.setdefault(h, [])
+        keys.append(h if not keys else f"{h}.{len(keys)}")
+        return keys[-1]
 
     def result(self, diagram, ev, keep, t0) -> SearchResult:
         states, best = self.states(), self.best
@@ -407,7 +424,10 @@ def _best_first(roots, ev: "Evaluator", max_states: int, max_seconds: float, t0:
     tie = itertools.count()
     frontier = []
     for prog, chain in roots:
-        state = State(fingerprint(prog), prog, tuple(chain))
+        h, known = run.find(prog)
+        if known is not None:
+            continue  # two seeds, one program
+        state = State(run.new_key(h), prog, tuple(chain))
         ev(state)
         state.found_s = time.perf_counter() - t0
         if state.error and "no size" in state.error:
@@ -470,11 +490,12 @@ def _best_first(roots, ev: "Evaluator", max_states: int, max_seconds: float, t0:
                 child_prog = apply_move(state.program, mv)
             except RuleError:
                 continue
-            key = fingerprint(child_prog)
-            state.children[mv.ident] = key
-            if key in run.graph:
-                run.graph.add_edge(state.key, key, move=mv)
+            h, known = run.find(child_prog)
+            if known is not None:
+                state.children[mv.ident] = known
+                run.graph.add_edge(state.key, known, move=mv)
                 continue
+            key = state.children[mv.ident] = run.new_key(h)
             child = State(key, child_prog, (*state.chain, mv), parent=state, via=mv)
             ev(child)
             child.found_s = time.perf_counter() - t0

@@ -175,7 +175,7 @@ TAMPERED = [
      "premise failed: cannot stream PV over d"),
     ("tiled_matmul", _set(["steps", 2, "params", "axis"], "c"), 3, "premise failed"),
     ("flash_attention", _set(["steps", 0, "params", "size"], 0), 1,
-     "premise failed: axis size must be positive"),
+     "premise failed: group_partition size must be a positive integer or a tile name, got 0"),
     ("flash_attention", _set(["tiles", "g_q"], 0), 1,
      "premise failed: tile size g_q = 0 is not a positive integer"),
     ("gqa", _pop(["tiles", "s_x"]), 3, "tile size s_x is not bound"),
