@@ -178,10 +178,12 @@ def to_diagram(graph: nx.DiGraph) -> Diagram:
     return Diagram(tuple(em.layers), em.ty(inputs), em.ty(outputs), _scan=False)
 
 
-def relabel(graph: nx.DiGraph) -> nx.DiGraph:
-    """Copy of ``graph`` with op/value ids renumbered in topological order."""
-    order = list(nx.lexicographical_topological_sort(graph, key=lambda n: n))
-    mapping = {n: i for i, n in enumerate(order)}
+def relabel(graph: nx.DiGraph, mapping: dict | None = None) -> nx.DiGraph:
+    """Copy of ``graph`` with op/value ids renumbered: by ``mapping``, or else in
+    topological order."""
+    if mapping is None:
+        order = list(nx.lexicographical_topological_sort(graph, key=lambda n: n))
+        mapping = {n: i for i, n in enumerate(order)}
     new = nx.relabel_nodes(graph, mapping, copy=True)
     for n, data in new.nodes(data=True):
         if data["kind"] == "op":

@@ -2,12 +2,11 @@
 nothing more (checked against networkx's isomorphism matcher)."""
 import itertools
 
-import networkx as nx
 from networkx.algorithms.isomorphism import DiGraphMatcher
 
 from napkin.canonical import canonical_hash, labelled_graph, same_program
 from napkin.certificate import fingerprint
-from napkin.ir import to_diagram, to_graph
+from napkin.ir import relabel, to_diagram, to_graph
 from napkin.library import get
 from napkin.search import search
 
@@ -15,16 +14,7 @@ from napkin.search import search
 def reordered(diagram):
     """The same program emitted with independent boxes in the opposite order."""
     g = to_graph(diagram)
-    top = max(g.nodes)
-    mapping = {n: top - n for n in g.nodes}
-    new = nx.relabel_nodes(g, mapping, copy=True)
-    for n, data in new.nodes(data=True):
-        if data["kind"] == "op":
-            data["ins"] = [mapping[v] for v in data["ins"]]
-            data["outs"] = [mapping[v] for v in data["outs"]]
-    new.graph["inputs"] = [mapping[v] for v in g.graph["inputs"]]
-    new.graph["outputs"] = [mapping[v] for v in g.graph["outputs"]]
-    return to_diagram(new)
+    return to_diagram(relabel(g, {n: max(g.nodes) - n for n in g.nodes}))
 
 
 def test_emission_order_changes_the_fingerprint_not_the_identity():
