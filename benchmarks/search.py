@@ -1,7 +1,7 @@
 """Search benchmark: states explored, wall time, best modelled time and its
 ratio to the lower bound, per algorithm and hierarchy depth.
 
-    python benchmarks/search.py [--quick]
+    python benchmarks/search.py [--quick] [--repeat N]
 
 Two levels = GMEM + SMEM (the paper's setting); four = GMEM → L2 → SMEM →
 registers.  The last row is a chain of four cross-attention layers with their
@@ -15,6 +15,9 @@ and the table times every search after it.
 from __future__ import annotations
 
 import argparse
+import statistics
+import subprocess
+import sys
 import time
 
 import napkin as nk
@@ -85,16 +88,47 @@ def run(name, diagram, sizes, levels, max_states, max_seconds):
                                         for m in r.best.chain))
 
 
+def warm_up() -> float:
+    """One-time start-up: imports, numpy code generation (a small matmul search)."""
+    t0 = time.perf_counter()
+    search(get("matmul").diagram(), "h100", dict(a=256, b=256, c=256), "bf16")
+    return time.perf_counter() - t0
+
+
+def repeated(n: int, max_states: int, max_seconds: float):
+    """The rows with a time target, each in ``n`` fresh processes (a shared machine's
+    timings drift; one process per run keeps every run's caches cold alike)."""
+    print(f"\nrows with a target, {n} fresh processes each (wall s):")
+    print(f"{'algorithm':18s}{'levels':8s}{'median':>8s}{'min':>8s}{'max':>8s}{'target':>8s}")
+    for (name, levels), target in TARGETS.items():
+        if name not in dict(CASES):
+            continue
+        walls = []
+        for _ in range(n):
+            out = subprocess.run([sys.executable, __file__, "--row", f"{name}:{levels}",
+                                  "--max-states", str(max_states), "--max-seconds",
+                                  str(max_seconds)], capture_output=True, text=True, check=True)
+            walls.append(float(out.stdout.split()[-1]))
+        print(f"{name:18s}{levels:8s}{statistics.median(walls):8.2f}{min(walls):8.2f}"
+              f"{max(walls):8.2f}{target:8.1f}")
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--quick", action="store_true", help="two levels only, small limits")
     p.add_argument("--max-states", type=int, default=2000)
     p.add_argument("--max-seconds", type=float, default=60.0)
+    p.add_argument("--repeat", type=int, default=0,
+                   help="also time the rows with a target in this many fresh processes")
+    p.add_argument("--row", help=argparse.SUPPRESS)  # NAME:LEVELS, one timed row (for --repeat)
     a = p.parse_args()
-    t0 = time.perf_counter()  # one-time start-up: imports, numpy code generation
-    search(get("matmul").diagram(), "h100", dict(a=256, b=256, c=256), "bf16")
-    print(f"start-up (first search in the process, excluded below): "
-          f"{time.perf_counter() - t0:.2f} s\n")
+    if a.row:
+        name, levels = a.row.split(":")
+        warm_up()
+        print(run(name, get(name).diagram(), dict(CASES)[name], levels, a.max_states,
+                  a.max_seconds)[5])
+        return
+    print(f"start-up (first search in the process, excluded below): {warm_up():.2f} s\n")
     rows = []
     levels = ("two",) if a.quick else ("two", "all")
     for name, sizes in CASES:
@@ -114,6 +148,8 @@ def main():
     print("  ".join(h.ljust(w) for h, w in zip(head, widths)))
     for r in rows:
         print("  ".join(fmt(v).ljust(w) for v, w in zip(r, widths)))
+    if a.repeat:
+        repeated(a.repeat, a.max_states, a.max_seconds)
 
 
 if __name__ == "__main__":

@@ -248,9 +248,10 @@ class Evaluator:
             best, feasible = grid.best(self.objective)
             state.cost, state.grid = c, grid
             state.feasible = feasible
-            state.time_s = float(grid.time[best]) if feasible else math.inf
-            state.bytes = float(grid.Hb[best])
-            state.bound_by = grid.labels[int(grid.which[best])]
+            if feasible:  # (a program that does not fit has no time, nor traffic to price)
+                state.time_s = float(grid.time[best])
+                state.bytes = float(grid.Hb[best])
+                state.bound_by = grid.labels[int(grid.which[best])]
             state.tile_values = grid.values(best)
             state.min_memory = {lv: float(m.min()) for lv, m in grid.mem.items()}
             if not feasible:  # how far from fitting: every box's own arrays beyond the

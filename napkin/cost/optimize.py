@@ -275,25 +275,49 @@ class Grid:
         for j, t in enumerate(free):
             if set(c.tiles[t].full.free_symbols) & set(free):
                 self.nested_ok &= self.flat[j] <= self.ev(c.tiles[t].full)
-        hw = c.hardware
-        tb, tv = c.transfers_bytes, c.transfers
-        times = [self.ev(tb[lv]) / hw.level(lv).bandwidth_bytes_per_s for lv in c.levels[1:]]
-        self.labels = list(c.levels[1:])
-        for unit, e in c.compute_times().items():
-            times.append(self.ev(e))
-            self.labels.append(f"compute:{unit}")
-        T = np.stack(times)
-        self.transfer_time = T[:len(c.levels) - 1].sum(axis=0)
-        self.time = T.max(axis=0)
-        self.which = T.argmax(axis=0)
-        self.Hv = self.ev(tv[self.level])
-        self.Hb = self.ev(tb[self.level])
         # every candidate peak per level (kept: a search reads each one's minimum)
         self.mem_candidates = {lv: [self.ev(e) for e in c.memory_bytes_candidates[lv]]
                                for lv in c.levels[1:]}
         self.mem = {lv: np.max(np.stack(arrays), axis=0)
                     for lv, arrays in self.mem_candidates.items()}
         self.memsum = sum(self.mem.values())
+
+    # Times and traffic are worked out on first use: a search that finds no tiling
+    # fitting in memory needs only the memory.
+    @functools.cached_property
+    def _times(self):
+        c, hw = self.c, self.c.hardware
+        tb = c.transfers_bytes
+        times = [self.ev(tb[lv]) / hw.level(lv).bandwidth_bytes_per_s for lv in c.levels[1:]]
+        labels = list(c.levels[1:])
+        for unit, e in c.compute_times().items():
+            times.append(self.ev(e))
+            labels.append(f"compute:{unit}")
+        return np.stack(times), labels
+
+    @property
+    def labels(self) -> list:
+        return self._times[1]
+
+    @functools.cached_property
+    def transfer_time(self) -> np.ndarray:
+        return self._times[0][:len(self.c.levels) - 1].sum(axis=0)
+
+    @functools.cached_property
+    def time(self) -> np.ndarray:
+        return self._times[0].max(axis=0)
+
+    @functools.cached_property
+    def which(self) -> np.ndarray:
+        return self._times[0].argmax(axis=0)
+
+    @functools.cached_property
+    def Hv(self) -> np.ndarray:
+        return self.ev(self.c.transfers[self.level])
+
+    @functools.cached_property
+    def Hb(self) -> np.ndarray:
+        return self.ev(self.c.transfers_bytes[self.level])
 
     def ev(self, expr) -> np.ndarray:
         e = _sym_subs(expr, self.sizes)
