@@ -185,7 +185,7 @@ def _jsonable(x):
          arg("--draw", metavar="PATH", help="draw the algorithm and its streamed program"),
          arg("--levels", choices=("two", "all"), default="two",
              help="GMEM+SMEM (the paper's setting) or the profile's whole hierarchy"),
-         arg("--max-states", type=int, default=400), arg("--max-seconds", type=float, default=60.0))
+         arg("--max-states", type=int, default=2000), arg("--max-seconds", type=float, default=60.0))
 def _optimize(args) -> int:
     from napkin.search import search
     name, diagram, _ = load(args.algorithm, args.from_)

@@ -299,7 +299,7 @@ class Evaluator:
 REFINEMENTS = ("relabel_level", "group_partition")
 
 
-def search(diagram, hardware="h100", sizes=None, dtype=None, *, max_states: int = 400,
+def search(diagram, hardware="h100", sizes=None, dtype=None, *, max_states: int = 2000,
            max_seconds: float = 60.0, objective: str = "time", keep: int = 5,
            levels: str = "two", commute: bool = True) -> SearchResult:
     """Best-first search for the fastest streamed program of ``diagram``.
