@@ -131,16 +131,26 @@ def main(argv=None):
     interpret = True if smoke else "auto"
     print(f"devices: {jax.devices()}; jax {jax.__version__}; hardware model {a.hardware}")
     rows = []
-    bench_matmul(64 if smoke else 4096, a.hardware, a.dtype, interpret, smoke, rows)
-    for case in attention_cases(smoke):
-        bench_attention(case, a.hardware, a.dtype, interpret, smoke, rows)
-    bench_gqa(smoke, a.hardware, a.dtype, interpret, rows)
+    runs = [lambda: bench_matmul(64 if smoke else 4096, a.hardware, a.dtype, interpret, smoke, rows)]
+    runs += [lambda case=case: bench_attention(case, a.hardware, a.dtype, interpret, smoke, rows)
+             for case in attention_cases(smoke)]
+    runs += [lambda: bench_gqa(smoke, a.hardware, a.dtype, interpret, rows)]
+    failed = 0
+    for run in runs:  # each case on its own: one failure must not lose the others' rows
+        done = len(rows)
+        try:
+            run()
+        except Exception as e:  # noqa: BLE001 - report it and go on
+            failed += 1
+            print(f"  case failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
+        for r in rows[done:]:
+            print("  " + " | ".join(map(str, r)), flush=True)
     head = ("case", "impl", "max err", "ms", "TFLOP/s", "model ms", "meas/model", "tiles")
     widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head))]
     for r in [head, *rows]:
         print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)))
     bad = [r for r in rows if r[1] == "napkin" and r[2] and float(r[2]) > 2e-2]
-    return 1 if bad else 0
+    return 1 if bad or failed else 0
 
 
 if __name__ == "__main__":
