@@ -24,50 +24,33 @@ import hashlib
 import networkx as nx
 from networkx.algorithms.isomorphism import DiGraphMatcher
 
-from napkin.certificate import render_value
+from napkin.certificate import is_diagram, render_value
 from napkin.ir import ops as op_order, view
+from napkin.memo import IdentityMemo
 
-_GRAPHS: dict = {}   # id(diagram) -> (diagram, labelled graph)
-_HASHES: dict = {}   # id(diagram) -> (diagram, hash)
-
-
-def _is_diagram(value) -> bool:
-    return hasattr(value, "boxes") and hasattr(value, "dom") and hasattr(value, "cod")
-
-
-def _nested(spec) -> list:
-    return [getattr(spec, f.name) for f in dataclasses.fields(spec)
-            if _is_diagram(getattr(spec, f.name))]
-
-
-_LABELS: dict = {}   # id(spec) -> (spec, label)
+_GRAPHS, _HASHES, _LABELS, _SAME = (IdentityMemo(20000), IdentityMemo(20000),
+                                    IdentityMemo(), IdentityMemo())
 
 
 def _spec_label(spec) -> str:
-    hit = _LABELS.get(id(spec))
-    if hit is not None and hit[0] is spec:
-        return hit[1]
-    label = _spec_label_uncached(spec)
-    if len(_LABELS) > 50000:
-        _LABELS.clear()
-    _LABELS[id(spec)] = (spec, label)
-    return label
+    return _LABELS.get((spec,), lambda: _spec_label_uncached(spec))
 
 
 def _spec_label_uncached(spec) -> str:
     fields = []
     for f in dataclasses.fields(spec):
         value = getattr(spec, f.name)
-        text = f"#{canonical_hash(value)}" if _is_diagram(value) else render_value(value)
+        text = f"#{canonical_hash(value)}" if is_diagram(value) else render_value(value)
         fields.append(f"{f.name}={text}")
     return f"{spec.kind}(" + ",".join(fields) + ")"
 
 
 def labelled_graph(diagram) -> nx.DiGraph:
     """The program as a graph whose labels say everything but the emission order."""
-    hit = _GRAPHS.get(id(diagram))
-    if hit is not None and hit[0] is diagram:
-        return hit[1]
+    return _GRAPHS.get((diagram,), lambda: _labelled_graph(diagram))
+
+
+def _labelled_graph(diagram) -> nx.DiGraph:
     g = view(diagram)
     out = nx.DiGraph()
     ends: dict = {}
@@ -88,17 +71,15 @@ def labelled_graph(diagram) -> nx.DiGraph:
                 out.add_edge(v, n, port=f"{old}i{port}")
             for port, v in enumerate(data["outs"]):
                 out.add_edge(n, v, port=f"o{port}")
-    if len(_GRAPHS) > 20000:
-        _GRAPHS.clear()
-    _GRAPHS[id(diagram)] = (diagram, out)  # holding the diagram keeps its id unique
     return out
 
 
 def canonical_hash(diagram) -> str:
     """The hash-consed name of the program (memoised per diagram object)."""
-    hit = _HASHES.get(id(diagram))
-    if hit is not None and hit[0] is diagram:
-        return hit[1]
+    return _HASHES.get((diagram,), lambda: _canonical_hash(diagram))
+
+
+def _canonical_hash(diagram) -> str:
     g = view(diagram)
     name = {v: _sha(f"in{i}:{render_value(g.nodes[v]['ob'].type)}")
             for i, v in enumerate(g.graph["inputs"])}
@@ -109,32 +90,16 @@ def canonical_hash(diagram) -> str:
         boxes.append(h)
         for k, v in enumerate(node["outs"]):
             name[v] = _sha(f"{h}.{k}:{render_value(g.nodes[v]['ob'].type)}")
-    h = _sha("|".join(sorted(boxes)) + "->" + ",".join(name[v] for v in g.graph["outputs"]))
-    if len(_HASHES) > 20000:
-        _HASHES.clear()
-    _HASHES[id(diagram)] = (diagram, h)
-    return h
+    return _sha("|".join(sorted(boxes)) + "->" + ",".join(name[v] for v in g.graph["outputs"]))
 
 
 def _sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-_SAME: dict = {}      # (id(a), id(b)) -> (a, b, verdict)
-
-
 def same_program(a, b) -> bool:
     """True when ``a`` and ``b`` are one program up to the order of independent boxes."""
-    if a is b:
-        return True
-    hit = _SAME.get((id(a), id(b)))
-    if hit is not None and hit[0] is a and hit[1] is b:
-        return hit[2]
-    verdict = _isomorphic(a, b)
-    if len(_SAME) > 50000:
-        _SAME.clear()
-    _SAME[(id(a), id(b))] = (a, b, verdict)
-    return verdict
+    return a is b or _SAME.get((a, b), lambda: _isomorphic(a, b))
 
 
 def _isomorphic(a, b) -> bool:
@@ -147,7 +112,8 @@ def _isomorphic(a, b) -> bool:
             return False
         if x["spec"] is None:
             return True
-        return all(same_program(p, q) for p, q in zip(_nested(x["spec"]), _nested(y["spec"])))
+        return all(same_program(p, q) for p, q in zip(getattr(x["spec"], "bodies", ()),
+                                                      getattr(y["spec"], "bodies", ())))
 
     return DiGraphMatcher(ga, gb, node_match=nodes_match,
                           edge_match=lambda x, y: x["port"] == y["port"]).is_isomorphic()

@@ -53,6 +53,7 @@ import sympy
 from napkin.arrays import ArrayType, canonical_dtype
 from napkin.errors import NapkinError
 from napkin.ir import ops as op_order, to_graph, view
+from napkin.memo import IdentityMemo
 from napkin.region import Site
 
 FORMAT = "napkin-certificate/1"
@@ -68,7 +69,7 @@ class CertificateError(NapkinError):
 
 
 # ----------------------------------------------------------------------------- fingerprints
-def _is_diagram(value) -> bool:
+def is_diagram(value) -> bool:
     return hasattr(value, "boxes") and hasattr(value, "dom") and hasattr(value, "cod")
 
 
@@ -115,7 +116,7 @@ def _value(value, indent: str, labels: bool) -> str:
     if isinstance(value, dict):
         items = sorted((json.dumps(str(k)), _value(v, indent, labels)) for k, v in value.items())
         return "{" + ",".join(f"{k}:{v}" for k, v in items) + "}"
-    if _is_diagram(value):
+    if is_diagram(value):
         return "{\n" + _render(value, indent + "  ", labels) + indent + "}"
     if dataclasses.is_dataclass(value):
         return _spec(value, indent, labels)
@@ -133,21 +134,14 @@ def _spec(spec, indent: str, labels: bool) -> str:
     return f"{getattr(spec, 'kind', type(spec).__name__)}(" + ", ".join(fields) + ")"
 
 
-_RENDERED: dict = {}
+_RENDERED = IdentityMemo(20000)
 
 
 def _render(diagram, indent: str, labels: bool) -> str:
     """Memoised per diagram object: a rewrite rebuilds only the bodies on its
     path, so the search re-renders the same nested bodies state after state."""
-    key = (id(diagram), indent, labels)
-    hit = _RENDERED.get(key)
-    if hit is not None and hit[0] is diagram:
-        return hit[1]
-    if len(_RENDERED) > 20000:
-        _RENDERED.clear()
-    text = _render_uncached(diagram, indent, labels)
-    _RENDERED[key] = (diagram, text)  # holding the diagram keeps its id unique
-    return text
+    return _RENDERED.get((diagram,), lambda: _render_uncached(diagram, indent, labels),
+                         (indent, labels))
 
 
 def _render_uncached(diagram, indent: str, labels: bool) -> str:
@@ -205,7 +199,7 @@ def size_symbols(diagram) -> set[str]:
         elif isinstance(v, (tuple, list)):
             for w in v:
                 value(w)
-        elif _is_diagram(v):
+        elif is_diagram(v):
             walk(v)
 
     def walk(d):
@@ -264,7 +258,7 @@ def load_algorithm(spec, base: Path | None = None) -> Source:
     label = spec["from"]
     if isinstance(obj, Algorithm):
         return Source(label, obj.diagram, obj.reference, obj.sample)
-    if _is_diagram(obj):
+    if is_diagram(obj):
         return Source(label, lambda dtype="f32": obj)
     if callable(obj):
         return Source(label, obj)

@@ -14,6 +14,7 @@ from discopy.monoidal import DRAWING_ATTRIBUTES, Layer
 
 from napkin.arrays import ArrayOb, describe
 from napkin.errors import CompositionError
+from napkin.memo import IdentityMemo
 
 
 def _name(d) -> str:
@@ -57,29 +58,7 @@ def _long(ob) -> str:
 
 
 # ----------------------------------------------------------- fast construction
-class _Memo:
-    """Identity-keyed memo of immutable DisCoPy values (types, structural boxes).
-
-    Keyed by the ``id`` of the objects they are built from, holding those
-    objects so that the ids stay unique; wires compare by type, not name, so an
-    equality-keyed cache would hand back a type with another array's labels."""
-
-    def __init__(self, limit: int = 50000):
-        self.table, self.limit = {}, limit
-
-    def get(self, parts: tuple, make):
-        key = tuple(map(id, parts))
-        hit = self.table.get(key)
-        if hit is not None:
-            return hit[1]
-        if len(self.table) > self.limit:
-            self.table.clear()
-        value = make()
-        self.table[key] = (parts, value)
-        return value
-
-
-_TYPES, BOXES = _Memo(), _Memo()  # BOXES: structural boxes (swaps, copies)
+_TYPES, BOXES = IdentityMemo(), IdentityMemo()  # BOXES: structural boxes (swaps, copies)
 
 
 def ty(obs: tuple) -> markov.Ty:

@@ -564,7 +564,7 @@ def _innermost_stream(program, R=None):
             elif spec.kind == "stream":
                 if depth > best[2]:
                     best = (spec, box, depth)
-                for sub in (spec.init, spec.update, spec.finalize):
+                for sub in spec.bodies:
                     visit(sub, depth + 1)
     visit(program, 0)
     return best[0], best[1]

@@ -24,6 +24,7 @@ import networkx as nx
 from discopy import markov
 
 from napkin.diagram import BOXES, Copy, Diagram, Discard, Swap, layer, ty
+from napkin.memo import IdentityMemo
 
 
 class GraphBuilder:
@@ -76,20 +77,14 @@ def to_graph(diagram: markov.Diagram) -> nx.DiGraph:
     return b.finish(wires)
 
 
-_VIEWS: dict[int, tuple] = {}
+_VIEWS = IdentityMemo(20000)
 
 
 def view(diagram) -> nx.DiGraph:
     """``to_graph(diagram)``, memoised for read-only use (rules' checks, the
     search): never mutate the result — take ``to_graph`` for a private copy."""
-    hit = _VIEWS.get(id(diagram))
-    if hit is not None and hit[0] is diagram:
-        return hit[1]
-    if len(_VIEWS) > 20000:
-        _VIEWS.clear()
-    g = nx.freeze(to_graph(diagram))  # shared: a mutation would corrupt every reader
-    _VIEWS[id(diagram)] = (diagram, g)  # holding the diagram keeps its id unique
-    return g
+    # frozen: shared, so a mutation would corrupt every reader
+    return _VIEWS.get((diagram,), lambda: nx.freeze(to_graph(diagram)))
 
 
 def ops(graph: nx.DiGraph) -> list[int]:
@@ -138,7 +133,7 @@ class _Emitter:
                 i += 1
                 continue
             ob = self.ob_of(v)
-            box = BOXES.get((ob, k), lambda: Discard(ty((ob,))) if k == 0 else Copy(ty((ob,)), k))
+            box = BOXES.get((ob,), lambda: Discard(ty((ob,))) if k == 0 else Copy(ty((ob,)), k), k)
             self.layer(i, box, 1, [v] * k)
             i += k
         for j, v in enumerate(target):  # selection sort by adjacent swaps
@@ -146,7 +141,7 @@ class _Emitter:
             while at > j:
                 a, b = self.wires[at - 1], self.wires[at]
                 oa, ob = self.ob_of(a), self.ob_of(b)
-                swap = BOXES.get((oa, ob), lambda: Swap(ty((oa,)), ty((ob,))))
+                swap = BOXES.get((oa, ob), lambda: Swap(ty((oa,)), ty((ob,))), "swap")
                 self.layer(at - 1, swap, 2, [b, a])
                 at -= 1
 

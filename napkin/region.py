@@ -110,23 +110,20 @@ def region(graph: nx.DiGraph, op_indices) -> Region:
 
 
 def region_key(reg: Region) -> tuple[tuple, tuple]:
-    """The identity of a region's content — its boxes, their wiring, its input
-    objects — as ``(key, held)``: ``key`` uses object ids, ``held`` the objects
-    (whoever stores the key must hold them, so that the ids stay unique).  Two
-    programs that share the boxes of a region (the search reaches one region from
-    many states) give it the same key."""
+    """The content of a region as ``(wiring, objects)``: its boxes and input
+    objects, to compare by identity (:class:`napkin.memo.IdentityMemo`), and how
+    the boxes are wired, by position.  Two programs that share the boxes of a
+    region (the search reaches one region from many states) give it one key."""
     g = reg.graph
     where = {v: ("in", i) for i, v in enumerate(reg.inputs)}
-    key, held = [], []
+    wiring, boxes = [], []
     for j, n in enumerate(reg.nodes):
         node = g.nodes[n]
-        key.append((id(node["box"]), tuple(where[v] for v in node["ins"])))
-        held.append(node["box"])
+        wiring.append(tuple(where[v] for v in node["ins"]))
+        boxes.append(node["box"])
         where.update({v: (j, k) for k, v in enumerate(node["outs"])})
-    key.append(tuple(where[v] for v in reg.outputs))
-    ins = tuple(g.nodes[v]["ob"] for v in reg.inputs)
-    key.append(tuple(map(id, ins)))
-    return tuple(key), (*held, *ins)
+    wiring.append(tuple(where[v] for v in reg.outputs))
+    return tuple(wiring), (*boxes, *(g.nodes[v]["ob"] for v in reg.inputs))
 
 
 def region_diagram(reg: Region, axis: str | None = None, size=None):

@@ -3,8 +3,8 @@
 The state space is a networkx DiGraph: nodes are programs, identified up to the
 order of independent boxes (napkin.canonical: a hash-consed canonical form, with
 an isomorphism check behind it, so two chains reaching the same program meet in
-one node); edges are rule applications (rule, site, parameters).  Tile sizes stay symbolic (g_q, s_x)
-during the structural search; every state gets its tiles from the cost
+one node); edges are rule applications (rule, site, parameters).  Tile sizes
+stay symbolic (g_q, s_x) during the structural search; every state gets its tiles from the cost
 model's optimiser (napkin.cost.optimize_tiles) for the given sizes and
 hardware.
 
@@ -90,7 +90,6 @@ class State:
     moves: list | None = field(default=None, repr=False)      # its moves, once listed
     children: dict = field(default_factory=dict, repr=False)  # move ident -> child key
 
-
     @property
     def tiles(self):
         """The full optimum (integer tiles, continuous optimum, canonical form, bounds),
@@ -173,6 +172,8 @@ def moves(program, rules=None, refused: dict | None = None, levels=None):
     rules = rules or {k: v for k, v in RULES.items() if k != "head_grouping"}
     for path in _group_paths(program):
         taken = _grouped_axes(program, path)
+        g = view(body_at(program, path))
+        boxes = [g.nodes[n]["box"] for n in op_order(g)]
         for name, rule in rules.items():
             for site, params in rule.candidates(program, path):
                 if levels is not None and params.get("level", levels[-1]) not in levels:
@@ -189,13 +190,7 @@ def moves(program, rules=None, refused: dict | None = None, levels=None):
                         refused.setdefault((name, params.get("axis")), str(e))
                     continue
                 ps = tuple(sorted(params.items()))
-                yield Move(name, site, ps, (name, ps, _box_ids(program, site)))
-
-
-def _box_ids(program, site: Site) -> tuple:
-    g = view(body_at(program, site.path))
-    order = op_order(g)
-    return tuple(id(g.nodes[order[i]]["box"]) for i in site.ops)
+                yield Move(name, site, ps, (name, ps, tuple(id(boxes[i]) for i in site.ops)))
 
 
 def _single_group(body):
@@ -270,11 +265,13 @@ class Evaluator:
         cap = min(caps) if caps else math.inf
         total = 0.0
         for box in _primitive_boxes(program):
-            need = sum(_numel(ob.type, values) * DTYPE_BYTES.get(
-                self.dtype if isinstance(self.dtype, str) else ob.type.dtype, 4)
-                for ob in (*box.dom.inside, *box.cod.inside))
+            need = sum(_numel(ob.type, values) * self._bytes_per_value(ob)
+                       for ob in (*box.dom.inside, *box.cod.inside))
             total += max(0.0, need - cap)
         return total
+
+    def _bytes_per_value(self, ob) -> int:
+        return DTYPE_BYTES.get(self.dtype if isinstance(self.dtype, str) else ob.type.dtype, 4)
 
     def report(self, state: State) -> None:
         """The full optimum (continuous optimum, canonical form, bound ratio)."""
@@ -288,8 +285,7 @@ class Evaluator:
         next_bw = self.hw.levels[1].bandwidth_bytes_per_s
         io = 0.0
         for ob in [*diagram.dom.inside, *diagram.cod.inside]:
-            dt = self.dtype if isinstance(self.dtype, str) else ob.type.dtype
-            io += _num(ob.type.numel, self.sizes) * DTYPE_BYTES.get(dt, 4)
+            io += _num(ob.type.numel, self.sizes) * self._bytes_per_value(ob)
         compute = max([_num(e, self.sizes) for e in c.compute_times().values()] or [0.0])
         return max(io / next_bw, compute)
 
@@ -368,7 +364,6 @@ class _Run:
     states_seen: int = 0
     limit: str | None = None
     refused: dict = field(default_factory=dict)
-
     buckets: dict = field(default_factory=dict)  # canonical hash -> node keys
 
     def states(self):
@@ -522,13 +517,11 @@ def _primitive_boxes(program):
         spec = getattr(box, "data", None)
         if spec is None:
             continue
-        if spec.kind == "group":
-            yield from _primitive_boxes(spec.body)
-        elif spec.kind == "stream":
-            for body in (spec.init, spec.update, spec.finalize):
-                yield from _primitive_boxes(body)
-        else:
+        bodies = getattr(spec, "bodies", None)
+        if bodies is None:
             yield box
+        for body in bodies or ():
+            yield from _primitive_boxes(body)
 
 
 def _numel(t, values: dict) -> float:

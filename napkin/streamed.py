@@ -69,6 +69,11 @@ class Group(Spec):
     kind: ClassVar[str] = "group"
     n_in: ClassVar[None] = None
 
+    @property
+    def bodies(self) -> tuple:
+        """The diagrams this box holds."""
+        return (self.body,)
+
     def infer(self, ins):
         _check_same(f"group {self.axis}", _relabel(ins, self.axis, self.size),
                     array_types(self.body.dom))
@@ -122,6 +127,11 @@ class Stream(Spec):
     rule: str = "stream"
     kind: ClassVar[str] = "stream"
     n_in: ClassVar[None] = None
+
+    @property
+    def bodies(self) -> tuple:
+        """The diagrams this box holds."""
+        return (self.init, self.update, self.finalize)
 
     @property
     def n_state(self) -> int:

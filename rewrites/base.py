@@ -18,10 +18,11 @@ import sympy
 
 from napkin.arrays import ArrayType
 from napkin.errors import RuleError
+from napkin.memo import IdentityMemo
 from napkin.region import Site, region_key
 
 
-_BUILT: dict = {}
+_BUILT = IdentityMemo(20000)
 
 
 def replacement(rule: str, params: tuple, reg, make):
@@ -29,14 +30,8 @@ def replacement(rule: str, params: tuple, reg, make):
     content (:func:`napkin.region.region_key`) and the rule's parameters: a search
     applies the same rewrite to the same boxes from many states, and handing back
     the same box lets the cost and fingerprint memos recognise the kernel."""
-    key, held = region_key(reg)
-    full = (rule, params, key)
-    hit = _BUILT.get(full)
-    if hit is None:
-        if len(_BUILT) > 20000:
-            _BUILT.clear()
-        hit = _BUILT[full] = (held, make())
-    return hit[1]
+    wiring, held = region_key(reg)
+    return _BUILT.get(held, make, (rule, params, wiring))
 
 
 class Rule:

@@ -16,6 +16,7 @@ from discopy import markov
 
 from napkin.errors import RuleError
 from napkin.ir import ops as op_order, to_diagram, view
+from napkin.memo import IdentityMemo
 from napkin.op import make_op
 from napkin.region import Site, body_at, region, region_diagram, replace_at, splice
 from napkin.streamed import Group, tile_symbol
@@ -24,20 +25,13 @@ from rewrites.base import Rule, replacement, size_param
 LEVELS = ("gmem", "l2", "smem", "registers")
 
 
-_MIXING: dict = {}
+_MIXING = IdentityMemo()
 
 
 def mixing_reason(box, axis: str) -> str | None:
     """Why ``box`` is not independent along ``axis`` (None when it is).  Memoised:
     boxes are immutable and the search asks about the same boxes in every state."""
-    hit = _MIXING.get((id(box), axis))
-    if hit is not None and hit[0] is box:
-        return hit[1]
-    if len(_MIXING) > 50000:
-        _MIXING.clear()
-    why = _mixing_reason(box, axis)
-    _MIXING[(id(box), axis)] = (box, why)  # holding the box keeps its id unique
-    return why
+    return _MIXING.get((box,), lambda: _mixing_reason(box, axis), axis)
 
 
 def _mixing_reason(box, axis: str) -> str | None:
@@ -50,7 +44,7 @@ def _mixing_reason(box, axis: str) -> str | None:
         return f"{box.name} has an output without axis {axis}"
     if getattr(spec, "axis", None) == axis and spec.kind in ("softmax", "reduce", "stream"):
         return f"{box.name} mixes entries along axis {axis}"
-    for inner in _inner_diagrams(spec):
+    for inner in getattr(spec, "bodies", ()):
         for b in inner.boxes:
             if hasattr(b, "data") and b.data is not None and hasattr(b.data, "kind"):
                 why = mixing_reason(b, axis)
@@ -64,7 +58,7 @@ def nested_groups(box):
     spec = box.data
     if spec.kind == "group":
         yield spec
-    for d in _inner_diagrams(spec):
+    for d in getattr(spec, "bodies", ()):
         for b in d.boxes:
             if getattr(b, "data", None) is not None and hasattr(b.data, "kind"):
                 yield from nested_groups(b)
@@ -90,14 +84,6 @@ def fresh_size(boxes, axis: str, level: str):
     default = tile_symbol("g", axis)
     taken = {str(g.size) for box in boxes for g in nested_groups(box)}
     return default if str(default) not in taken else tile_symbol("g", f"{axis}_{level}")
-
-
-def _inner_diagrams(spec):
-    if spec.kind == "group":
-        return [spec.body]
-    if spec.kind == "stream":
-        return [spec.init, spec.update, spec.finalize]
-    return []
 
 
 class GroupPartition(Rule):

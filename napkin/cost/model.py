@@ -18,6 +18,7 @@ from napkin.arrays import canonical_dtype
 from napkin.errors import NapkinError
 from napkin.hardware import DTYPE_BYTES, Hardware, HardwareError, get_hardware
 from napkin.ir import ops as op_order, view
+from napkin.memo import IdentityMemo
 from napkin.primitives import TRANSCENDENTAL, merge_axes
 
 ZERO = sympy.Integer(0)
@@ -311,7 +312,7 @@ class Cost:
 
 
 # --------------------------------------------------------------------------- the walk
-_KERNELS: dict = {}  # kernel memo: key -> (box, its own walk, its peaks)
+_KERNELS = IdentityMemo(20000)  # a kernel's own walk and peaks
 
 
 class _Walk:
@@ -463,15 +464,11 @@ class _Walk:
         kernel is walked on its own and its totals are added to this walk's."""
         if not (self.dtype is None or isinstance(self.dtype, str)):
             return self._kernel(box, R)
-        key = (id(box), id(self.hw), self.dtype, self.intermediates, sympy.sympify(R))
-        hit = _KERNELS.get(key)
-        if hit is None or hit[0] is not box:
-            if len(_KERNELS) > 20000:
-                _KERNELS.clear()
+        def walk():
             sub = _Walk(self.hw, self.dtype, self.intermediates)
-            hit = (box, sub, sub._kernel(box, R))  # holding the box keeps its id unique
-            _KERNELS[key] = hit
-        _, sub, peaks = hit
+            return sub, sub._kernel(box, R)
+        sub, peaks = _KERNELS.get((box, self.hw), walk,
+                                  (self.dtype, self.intermediates, sympy.sympify(R)))
         self.absorb(sub)
         return {lv: _Peak(list(pk.vals), list(pk.byts)) for lv, pk in peaks.items()}
 
