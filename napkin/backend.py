@@ -13,6 +13,22 @@ import numpy as np
 import sympy
 
 
+_FP8 = (jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.float8_e5m2))
+
+
+def _promoting(f):
+    """``f`` on operands where 8-bit floats meet wider ones: JAX refuses to promote
+    them implicitly, napkin's types do (napkin.primitives.promote), so the 8-bit
+    operands go up to float32 first."""
+    def g(*xs):
+        dts = {jnp.result_type(x) for x in xs if hasattr(x, "dtype")}
+        if len(dts) > 1 and dts & set(_FP8):
+            xs = [x.astype(jnp.float32) if hasattr(x, "dtype") and x.dtype in _FP8 else x
+                  for x in xs]
+        return f(*xs)
+    return g
+
+
 class JaxBackend:
     name = "jax"
     symbolic = False
@@ -20,13 +36,16 @@ class JaxBackend:
     exp, log, tanh, negative = jnp.exp, jnp.log, jnp.tanh, jnp.negative
     sigmoid, square, sqrt, rsqrt = jax.nn.sigmoid, jnp.square, jnp.sqrt, jax.lax.rsqrt
     reciprocal, relu, silu, abs = jnp.reciprocal, jax.nn.relu, jax.nn.silu, jnp.abs
-    add, subtract, multiply, divide = jnp.add, jnp.subtract, jnp.multiply, jnp.divide
-    maximum, minimum, power = jnp.maximum, jnp.minimum, jnp.power
+    add, subtract = staticmethod(_promoting(jnp.add)), staticmethod(_promoting(jnp.subtract))
+    multiply, divide = staticmethod(_promoting(jnp.multiply)), staticmethod(_promoting(jnp.divide))
+    maximum, minimum = staticmethod(_promoting(jnp.maximum)), staticmethod(_promoting(jnp.minimum))
+    power = staticmethod(_promoting(jnp.power))
     sum, max, mean = jnp.sum, jnp.max, jnp.mean
     transpose, reshape, where, arange = jnp.transpose, jnp.reshape, jnp.where, jnp.arange
     concatenate, stack = jnp.concatenate, jnp.stack
 
     @staticmethod
+    @_promoting
     def einsum(spec, *xs):
         return jnp.einsum(spec, *xs, precision=jax.lax.Precision.HIGHEST)
 
@@ -59,9 +78,14 @@ class JaxBackend:
 
     @staticmethod
     def guard(x, m):
-        """x where the row statistic m kept an entry, else 0 (see primitives.MASKED)."""
+        """0 where the row statistic m kept no entry (m <= primitives.MASKED: the
+        mask's fill, or −∞), else x; a NaN statistic keeps x, so NaN propagates."""
         from napkin.primitives import MASKED
-        return jnp.where(m > MASKED, x, jnp.zeros_like(x))
+        return jnp.where(m <= MASKED, jnp.zeros_like(x), x)
+
+    @staticmethod
+    def finite_or_zero(x):
+        return jnp.where(jnp.abs(x) < jnp.inf, x, jnp.zeros_like(x))
 
     @staticmethod
     def take(x, axis, start, stop):
@@ -113,6 +137,11 @@ class SympyBackend:
     @staticmethod
     def where(keep, x, fill):
         return np.where(keep, x, fill)
+
+    @staticmethod
+    def finite_or_zero(x):
+        # Symbolic entries are finite: the identity.  ±∞ is checked numerically.
+        return x
 
     @staticmethod
     def guard(x, m):

@@ -45,12 +45,14 @@ import functools
 import hashlib
 import importlib.util
 import json
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import sympy
 
 from napkin.arrays import ArrayType, canonical_dtype
+from napkin.diagram import is_diagram
 from napkin.errors import NapkinError
 from napkin.ir import ops as op_order, to_graph, view
 from napkin.memo import IdentityMemo
@@ -69,10 +71,6 @@ class CertificateError(NapkinError):
 
 
 # ----------------------------------------------------------------------------- fingerprints
-def is_diagram(value) -> bool:
-    return hasattr(value, "boxes") and hasattr(value, "dom") and hasattr(value, "cod")
-
-
 def _size(value) -> str:
     if isinstance(value, bool):
         raise TypeError(f"a size cannot be a bool: {value!r}")
@@ -184,37 +182,9 @@ def fingerprint(diagram) -> str:
 def size_symbols(diagram) -> set[str]:
     """Names of the free size symbols of a program (axis sizes and tile sizes,
     inside group bodies and stream accumulators too)."""
-    found: set[str] = set()
-
-    def size(s):
-        if isinstance(s, sympy.Basic):
-            found.update(str(x) for x in s.free_symbols)
-
-    def value(v):
-        if isinstance(v, sympy.Basic):
-            size(v)
-        elif isinstance(v, ArrayType):
-            for a in v.axes:
-                size(a.size)
-        elif isinstance(v, (tuple, list)):
-            for w in v:
-                value(w)
-        elif is_diagram(v):
-            walk(v)
-
-    def walk(d):
-        for ob in list(d.dom.inside) + list(d.cod.inside):
-            value(ob.type)
-        for box in d.boxes:
-            for ob in list(box.dom.inside) + list(box.cod.inside):
-                if hasattr(ob, "type"):
-                    value(ob.type)
-            spec = getattr(box, "data", None)
-            if spec is not None and dataclasses.is_dataclass(spec):
-                for f in dataclasses.fields(spec):
-                    value(getattr(spec, f.name))
-    walk(diagram)
-    return found
+    from napkin.streamed import names
+    found = names(diagram)
+    return found.sizes | set(found.tiles)
 
 
 # ----------------------------------------------------------------------------- algorithms
@@ -228,56 +198,151 @@ class Source:
     sample: object = None    # (rng, sizes) -> list of arrays, or None
 
 
+def algorithm_file(spec, base: Path | None = None) -> tuple[Path, str]:
+    """The file and the name a ``{"from": "FILE:NAME"}`` spec points at, checked
+    without running anything: FILE must be an existing ``.py`` file (relative
+    to ``base``), NAME an identifier."""
+    if not (isinstance(spec, dict) and set(spec) == {"from"} and isinstance(spec["from"], str)
+            and ":" in spec["from"]):
+        raise CertificateError(f"algorithm must be a library name or {{\"from\": \"FILE:NAME\"}}, "
+                               f"got {_short_repr(spec)}")
+    file, _, name = spec["from"].rpartition(":")
+    if not file or not name.isidentifier():
+        raise CertificateError(f"algorithm {spec['from']!r}: want FILE.py:NAME, NAME a Python "
+                               f"identifier")
+    path = Path(file)
+    if not path.is_absolute() and base is not None:
+        path = Path(base) / path
+    if path.is_dir():
+        raise CertificateError(f"algorithm file {file} is a directory (want FILE.py:NAME)")
+    if not path.is_file():
+        raise CertificateError(f"algorithm file {file} not found (looked at {path})")
+    if path.suffix != ".py":
+        raise CertificateError(f"algorithm file {file} is not a Python source file "
+                               f"(want FILE.py:NAME)")
+    return path, name
+
+
 def load_algorithm(spec, base: Path | None = None) -> Source:
     """Resolve ``"name"`` (the library) or ``{"from": "FILE:NAME"}`` (a Python
     file, relative to ``base``; NAME is an Algorithm, a diagram, or a function
-    dtype -> diagram)."""
+    dtype -> diagram).
+
+    A ``from`` file is trusted code: it runs here, in the calling process
+    (``napkin check`` runs each certificate in a process of its own).  What it
+    raises or returns is reported as a :class:`CertificateError`: an exception
+    (or ``sys.exit``) while loading it or building the diagram, a builder that
+    returns something other than a diagram."""
     from napkin.library import Algorithm, get
     if isinstance(spec, str):
         alg = get(spec)
         return Source(spec, alg.diagram, alg.reference, alg.sample)
-    if not (isinstance(spec, dict) and set(spec) == {"from"} and isinstance(spec["from"], str)
-            and ":" in spec["from"]):
-        raise CertificateError(f"algorithm must be a library name or {{\"from\": \"FILE:NAME\"}}, "
-                               f"got {spec!r}")
-    file, _, name = spec["from"].rpartition(":")
-    path = Path(file)
-    if not path.is_absolute() and base is not None:
-        path = Path(base) / path
-    if not path.is_file():
-        raise CertificateError(f"algorithm file {file} not found (looked at {path})")
+    path, name = algorithm_file(spec, base)
+    label = spec["from"]
     mod_spec = importlib.util.spec_from_file_location(f"_napkin_alg_{path.stem}", path)
+    if mod_spec is None or mod_spec.loader is None:
+        raise CertificateError(f"algorithm file {path} cannot be loaded as a Python module")
     module = importlib.util.module_from_spec(mod_spec)
     try:
         mod_spec.loader.exec_module(module)
-    except Exception as e:  # noqa: BLE001 - a user's file: report whatever it raised
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - a user's file: report what it raised
         raise CertificateError(f"cannot load {path}: {type(e).__name__}: {e}") from None
-    if not hasattr(module, name):
-        raise CertificateError(f"{path} has no {name!r}")
-    obj = getattr(module, name)
-    label = spec["from"]
+    try:
+        obj = getattr(module, name)
+    except AttributeError:
+        raise CertificateError(f"{path} has no {name!r}") from None
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - a module __getattr__ that raises
+        raise CertificateError(f"{path}: getting {name!r} raised {type(e).__name__}: {e}") \
+            from None
     if isinstance(obj, Algorithm):
-        return Source(label, obj.diagram, obj.reference, obj.sample)
+        return Source(label, _checked_builder(obj.diagram, name), obj.reference, obj.sample)
     if is_diagram(obj):
         return Source(label, lambda dtype="f32": obj)
     if callable(obj):
-        return Source(label, obj)
-    raise CertificateError(f"{label} is neither an Algorithm, a diagram nor a builder")
+        return Source(label, _checked_builder(obj, name))
+    raise CertificateError(f"{label} is {_kind(obj)}: neither an Algorithm, a diagram nor a "
+                           f"builder (a function dtype -> diagram)")
+
+
+def _kind(obj) -> str:
+    if obj is None:
+        return "None"
+    kind = type(obj).__name__
+    return f"{'an' if kind[:1].lower() in 'aeiou' else 'a'} {kind}"
+
+
+def _short_repr(obj, limit: int = 80) -> str:
+    try:
+        text = repr(obj)
+    except Exception:  # noqa: BLE001 - repr of arbitrary JSON data cannot really fail
+        text = f"<{type(obj).__name__}>"
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _checked_builder(build, name: str):
+    """``build`` (dtype -> diagram), reporting what a user's builder does wrong."""
+    def checked(dtype="f32"):
+        try:
+            diagram = build(dtype)
+        except NapkinError:
+            raise
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - a user's builder
+            raise CertificateError(f"{name}({dtype!r}) raised {type(e).__name__}: {e}") \
+                from None
+        if not is_diagram(diagram):
+            raise CertificateError(f"{name}({dtype!r}) returned {_kind(diagram)}, not a diagram "
+                                   f"(NAME must be a diagram, an Algorithm or a function "
+                                   f"dtype -> diagram)")
+        return diagram
+    return checked
 
 
 # ----------------------------------------------------------------------------- the data
-def _int_map(data, what: str) -> dict[str, int]:
+# The numeric check evaluates the program at a certificate's sizes: the
+# derivation is symbolic, so small sizes check every size (make.py uses <= 512).
+MAX_CHECK_SIZE = 4096
+# A certificate nests five levels (certificate, steps, step, site, path); JSON
+# deeper than this is not one (and would exhaust Python's recursion limit).
+MAX_NESTING = 32
+
+
+def _show_int(v: int) -> str:
+    if v.bit_length() <= 60:
+        return str(v)
+    return f"an integer of {int(v.bit_length() * 0.30103)}+ digits"
+
+
+def _int_map(data, what: str, bound: int | None = MAX_CHECK_SIZE) -> dict[str, int]:
     if not isinstance(data, dict):
-        raise CertificateError(f"{what} must be an object of name: int, got {data!r}")
+        raise CertificateError(f"{what} must be an object of name: int, got {_short_repr(data)}")
     for k, v in data.items():
         if not isinstance(k, str) or isinstance(v, bool) or not isinstance(v, int):
-            raise CertificateError(f"{what}: {k!r} must map to an integer, got {v!r}")
+            raise CertificateError(f"{what}: {k!r} must map to an integer, got {_short_repr(v)}")
+        if bound is not None and v > bound:
+            raise CertificateError(f"{what}: {k} = {_show_int(v)} is above {bound}, the largest "
+                                   f"{what[:-1]} a certificate's numeric check takes (the "
+                                   f"derivation is symbolic: small sizes cover every size)")
     return dict(data)
+
+
+def _nesting(data) -> int:
+    """How deeply lists and objects nest in parsed JSON (iteratively)."""
+    deepest, todo = 0, [(data, 1)]
+    while todo:
+        value, depth = todo.pop()
+        if isinstance(value, (dict, list)):
+            deepest = max(deepest, depth)
+            if depth > MAX_NESTING:
+                break
+            todo.extend((v, depth + 1) for v in (value.values() if isinstance(value, dict)
+                                                 else value))
+    return deepest
 
 
 def _digest(value, what: str, step: int | None = None) -> str:
     if not isinstance(value, str) or not value:
-        raise CertificateError(f"{what} must be a fingerprint string, got {value!r}", step)
+        raise CertificateError(f"{what} must be a fingerprint string, got {_short_repr(value)}",
+                               step)
     return value
 
 
@@ -296,22 +361,24 @@ class Step:
     def from_json(cls, data, i: int = 0) -> Step:
         where = f"step {i}"
         if not isinstance(data, dict):
-            raise CertificateError(f"{where} must be an object, got {data!r}", i)
+            raise CertificateError(f"{where} must be an object, got {_short_repr(data)}", i)
         missing = [k for k in ("rule", "site", "params", "result") if k not in data]
         if missing:
             raise CertificateError(f"{where} lacks {', '.join(missing)}", i)
         if not isinstance(data["rule"], str):
-            raise CertificateError(f"{where}: rule must be a string, got {data['rule']!r}", i)
+            raise CertificateError(f"{where}: rule must be a string, got "
+                                   f"{_short_repr(data['rule'])}", i)
         if not isinstance(data["params"], dict):
-            raise CertificateError(f"{where}: params must be an object, got {data['params']!r}", i)
+            raise CertificateError(f"{where}: params must be an object, got "
+                                   f"{_short_repr(data['params'])}", i)
         site = data["site"]
         if not (isinstance(site, dict) and set(site) <= {"path", "ops"} and "ops" in site
                 and all(isinstance(site.get(k, []), list)
                         and all(isinstance(j, int) and not isinstance(j, bool) and j >= 0
                                 for j in site.get(k, []))
                         for k in ("path", "ops"))):
-            raise CertificateError(f"{where}: bad site {site!r} (want {{\"path\": [int >= 0, ...], "
-                                   f"\"ops\": [int >= 0, ...]}})", i)
+            raise CertificateError(f"{where}: bad site {_short_repr(site)} (want "
+                                   f"{{\"path\": [int >= 0, ...], \"ops\": [int >= 0, ...]}})", i)
         site = Site.from_json(site)
         return cls(data["rule"], site, dict(data["params"]),
                    _digest(data["result"], f"{where}: result", i))
@@ -345,7 +412,8 @@ class Certificate:
             raise CertificateError("a certificate is a JSON object")
         fmt = data.get("format")
         if fmt != FORMAT:
-            raise CertificateError(f"unsupported format {fmt!r} (this checker reads {FORMAT})")
+            raise CertificateError(f"unsupported format {_short_repr(fmt)} (this checker reads "
+                                   f"{FORMAT})")
         missing = [k for k in ("algorithm", "dtype", "source", "sizes", "tiles", "steps", "result")
                    if k not in data]
         if missing:
@@ -362,11 +430,11 @@ class Certificate:
             raise CertificateError("steps must be a list")
         symbolic = data.get("symbolic", [])
         if not isinstance(symbolic, list) or not all(isinstance(s, str) for s in symbolic):
-            raise CertificateError(f"symbolic must be a list of names, got {symbolic!r}")
+            raise CertificateError(f"symbolic must be a list of names, got {_short_repr(symbolic)}")
         algorithm = data["algorithm"]
         if not isinstance(algorithm, (str, dict)):
             raise CertificateError(f"algorithm must be a name or {{\"from\": ...}}, "
-                                   f"got {algorithm!r}")
+                                   f"got {_short_repr(algorithm)}")
         return cls(algorithm, dtype, _int_map(data["sizes"], "sizes"),
                    _int_map(data["tiles"], "tiles"),
                    [Step.from_json(s, i + 1) for i, s in enumerate(data["steps"])],
@@ -375,19 +443,54 @@ class Certificate:
 
     @classmethod
     def from_json(cls, text: str, origin: Path | None = None) -> Certificate:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise CertificateError(f"not JSON: {e}") from None
+        data = parse_json(text)
         return cls.from_dict(data, origin)
 
     @classmethod
     def load(cls, path) -> Certificate:
+        """Read a certificate file; every way it can fail is a CertificateError."""
         path = Path(path)
-        return cls.from_json(path.read_text(encoding="utf-8"), origin=path.resolve().parent)
+        return cls.from_json(read_text(path), origin=path.resolve().parent)
 
     def save(self, path) -> None:
         Path(path).write_text(self.to_json(), encoding="utf-8")
+
+
+def read_text(path: Path) -> str:
+    """The UTF-8 text of a certificate file, or a CertificateError saying why not."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise CertificateError("no such file") from None
+    except IsADirectoryError:
+        raise CertificateError("is a directory, not a certificate file") from None
+    except UnicodeDecodeError as e:
+        raise CertificateError(f"not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset "
+                               f"{e.start}); a certificate is a UTF-8 JSON file") from None
+    except OSError as e:
+        raise CertificateError(f"cannot read it: {e.strerror or e}") from None
+
+
+def parse_json(text: str):
+    """Parsed JSON of a certificate, or a CertificateError saying why not: bad
+    syntax, nesting deeper than MAX_NESTING, an integer too long to convert."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise CertificateError(f"not JSON: {e}") from None
+    except RecursionError:
+        raise CertificateError(f"JSON nested too deeply (a certificate nests at most "
+                               f"{MAX_NESTING} levels)") from None
+    except ValueError as e:  # an integer literal beyond Python's int-parsing limit
+        why = " ".join(str(e).split())
+        if "integer string conversion" in why:
+            why = (f"an integer has more than {sys.get_int_max_str_digits()} digits (sizes "
+                   f"and tiles are at most {MAX_CHECK_SIZE})")
+        raise CertificateError(f"not JSON napkin reads: {why}") from None
+    if _nesting(data) > MAX_NESTING:
+        raise CertificateError(f"JSON nested more than {MAX_NESTING} levels deep (a "
+                               f"certificate nests at most {MAX_NESTING})")
+    return data
 
 
 # ----------------------------------------------------------------------------- deriving
@@ -448,5 +551,6 @@ def stored_certificates():
     return files("proofs") / "certificates"
 
 
-__all__ = ["FORMAT", "Certificate", "CertificateError", "Source", "Step", "derive",
-           "fingerprint", "load_algorithm", "render", "size_symbols", "stored_certificates"]
+__all__ = ["FORMAT", "MAX_CHECK_SIZE", "Certificate", "CertificateError", "Source", "Step",
+           "algorithm_file", "derive", "fingerprint", "load_algorithm", "render", "size_symbols",
+           "stored_certificates"]

@@ -15,7 +15,9 @@ demo, pseudocode, ...) is one decorated function::
 
 Errors: a :class:`~napkin.errors.NapkinError` (or a usage error: unknown
 command, bad option) prints one line ``napkin: error: ...`` on stderr and
-exits with status 2 — never a traceback.  An unexpected exception (a bug)
+exits with status 2 — never a traceback.  Files a command writes are declared
+up front with :class:`Outputs` (checked before any work; removed again if the
+command then fails).  An unexpected exception (a bug)
 prints one line ``napkin: internal error: ...`` and exits 1; ``--traceback``
 shows the full traceback instead.
 """
@@ -23,8 +25,10 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import os
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 from napkin.errors import NapkinError
@@ -180,6 +184,174 @@ def table(rows: list[tuple[str, ...]], gap: str = "  ") -> str:
                      for r in rows)
 
 
+# ----------------------------------------------------------------------------- output files
+PICTURES = (".png", ".svg")
+
+
+class Outputs:
+    """The files one command writes.
+
+    Each path is checked when the command declares it — before it does any
+    work — and everything the command wrote is removed again if it then fails,
+    so a failed command leaves no file behind::
+
+        with Outputs() as out:
+            cert = out.file(args.certificate, "--certificate")
+            ...                                   # the work
+            out.write(cert, lambda: c.save(cert))
+    """
+
+    def __init__(self):
+        self._declared: dict[str, str] = {}       # resolved path -> option
+        self._written: list[tuple[Path, tuple | None]] = []  # path, its stat before
+        self._made: list[Path] = []                # directories this command created
+
+    def __enter__(self) -> Outputs:
+        return self
+
+    def __exit__(self, kind, exc, tb) -> bool:
+        if kind is not None:
+            self.discard()
+        return False
+
+    def discard(self) -> None:
+        """Remove what this command wrote (files, then the directories it made)."""
+        for path, before in reversed(self._written):
+            try:
+                if (path.is_file() or path.is_symlink()) and _stamp(path) != before:
+                    path.unlink()  # written (or begun) by this command
+            except OSError:
+                pass
+        for d in reversed(self._made):
+            try:
+                d.rmdir()
+            except OSError:
+                pass
+        self._written.clear()
+        self._made.clear()
+
+    def _claim(self, p: Path, option: str) -> None:
+        key = os.path.realpath(p)
+        other = self._declared.get(key)
+        if other is not None:
+            raise NapkinError(f"{other} and {option} name the same file {str(p)!r}: give two "
+                              f"different paths")
+        self._declared[key] = option
+
+    def file(self, path, option: str, *, suffixes: tuple[str, ...] | None = None,
+             overwrite: bool = True, hint: str = "") -> Path | None:
+        """Check that ``path`` (given by ``option``) can be written as a file.
+        None stays None (the option was not given)."""
+        if path is None:
+            return None
+        p, shown = Path(path), f"{option} {str(path)!r}"
+        if not str(path).strip():
+            raise NapkinError(f"{option}: empty path; give a file name")
+        if suffixes and p.suffix.lower() not in suffixes:
+            kind = f"file type {p.suffix!r}" if p.suffix else "a file name without a suffix"
+            raise NapkinError(f"{shown}: unsupported {kind}; use {' or '.join(suffixes)}")
+        if p.is_dir():
+            raise NapkinError(f"{shown} is a directory; give a file path in it")
+        _existing_directory(p.parent, shown)
+        if p.exists() or p.is_symlink():
+            if not p.is_file():
+                raise NapkinError(f"{shown} exists and is not a regular file; give a file path")
+            if not overwrite:
+                raise NapkinError(f"{shown} exists; {hint or 'choose another path'}")
+            if not os.access(p, os.W_OK):
+                raise NapkinError(f"{shown} is not writable (permission denied)")
+        else:
+            try:  # can a file be created there at all (read-only or pseudo file systems)?
+                fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                os.close(fd)
+                os.unlink(p)
+            except OSError as e:
+                raise NapkinError(f"{shown}: cannot create a file there "
+                                  f"({e.strerror or e})") from None
+        self._claim(p, option)
+        return p
+
+    def directory(self, path, option: str) -> Path:
+        """Check that ``path`` is a directory, or can be made one."""
+        p, shown = Path(path), f"{option} {str(path)!r}"
+        if not str(path).strip():
+            raise NapkinError(f"{option}: empty path; give a directory")
+        if p.exists():
+            if not p.is_dir():
+                raise NapkinError(f"{shown} is an existing file, not a directory; give a "
+                                  f"directory (it is created if missing)")
+            if not os.access(p, os.W_OK | os.X_OK):
+                raise NapkinError(f"{shown} is not writable (permission denied)")
+        else:
+            top = _existing_ancestor(p)
+            if not top.is_dir():
+                raise NapkinError(f"{shown}: {str(top)!r} is a file, not a directory")
+            if not os.access(top, os.W_OK | os.X_OK):
+                raise NapkinError(f"{shown}: cannot create it in {str(top)!r} (permission denied)")
+        self._claim(p, option)
+        return p
+
+    def make_directory(self, path: Path) -> Path:
+        """Create a declared directory (and missing parents); they are removed on failure
+        if still empty."""
+        missing = []
+        d = Path(path)
+        while not d.exists() and d != d.parent:
+            missing.append(d)
+            d = d.parent
+        for d in reversed(missing):
+            try:
+                d.mkdir()
+            except FileExistsError:
+                continue
+            except OSError as e:
+                raise NapkinError(f"cannot create directory {str(d)!r}: {e.strerror or e}") \
+                    from None
+            self._made.append(d)
+        return Path(path)
+
+    def write(self, path, writer: Callable[[], object], option: str | None = None):
+        """Run ``writer()``, which writes ``path``; the file is this command's from now on
+        (removed if the command fails, even part-way through writing it)."""
+        p = Path(path)
+        if option is None:  # the option that declared it, or the folder it is in
+            real = Path(os.path.realpath(p))
+            option = next((self._declared[str(d)] for d in (real, *real.parents)
+                           if str(d) in self._declared), "output")
+        self._written.append((p, _stamp(p)))
+        try:
+            return writer()
+        except OSError as e:
+            raise NapkinError(f"{option}: cannot write {str(p)!r}: {e.strerror or e}") from None
+
+
+def _stamp(p: Path) -> tuple | None:
+    """What tells whether a file was written since: (inode, size, mtime), None if absent."""
+    try:
+        st = p.stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def _existing_ancestor(p: Path) -> Path:
+    """The nearest existing path among ``p``'s parents (``p`` itself if it exists)."""
+    p = Path(os.path.abspath(p))
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return p
+
+
+def _existing_directory(d: Path, shown: str) -> None:
+    """``d`` (the parent of an output file) must be an existing directory."""
+    if d.is_dir():
+        return
+    top = _existing_ancestor(d)
+    if top.is_dir():
+        raise NapkinError(f"{shown}: directory {str(d)!r} does not exist (create it first)")
+    raise NapkinError(f"{shown}: {str(top)!r} is a file, not a directory")
+
+
 # ----------------------------------------------------------------------------- commands
 @command("algorithms", "list the library's algorithms: name, signature, summary")
 def _algorithms(args) -> int:
@@ -210,20 +382,24 @@ def _draw(args) -> int:
     from napkin.drawing import draw
     algo = _algorithm(args.algorithm)
     dtype = canonical_dtype(args.dtype)
-    diagram = algo.diagram(dtype)
-    if args.streamed:
-        from napkin.drawing_streamed import draw_streamed
-        from napkin.commands import sizes_for
-        from napkin.search import search
-        r = search(diagram, args.hardware, sizes_for(diagram, {}), "bf16")
-        path = draw_streamed(r.best.program, args.output or f"{algo.name}_streamed.png",
-                             hardware=args.hardware, tiles=r.best.tile_values)
-        print(path)
-        return 0
-    title = f"{algo.name}: {signature(diagram).replace(' -> ', ' → ')}"
-    if dtype != "f32":
-        title += f"  ({dtype})"
-    path = draw(diagram, args.output or f"{algo.name}.png", title=title)
+    with Outputs() as out:
+        target = out.file(args.output or f"{algo.name}{'_streamed' if args.streamed else ''}.png",
+                          "-o/--output", suffixes=PICTURES)
+        diagram = algo.diagram(dtype)
+        if args.streamed:
+            from napkin.drawing_streamed import draw_streamed
+            from napkin.commands import sizes_for
+            from napkin.search import search
+            r = search(diagram, args.hardware, sizes_for(diagram, {}), "bf16")
+            path = out.write(target, lambda: draw_streamed(r.best.program, target,
+                                                           hardware=args.hardware,
+                                                           tiles=r.best.tile_values))
+            print(path)
+            return 0
+        title = f"{algo.name}: {signature(diagram).replace(' -> ', ' → ')}"
+        if dtype != "f32":
+            title += f"  ({dtype})"
+        path = out.write(target, lambda: draw(diagram, target, title=title))
     print(path)
     return 0
 

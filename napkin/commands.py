@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import json
+import math
+import re
 import sys
 from pathlib import Path
 
-from napkin.cli import arg, command, signature, table
+from napkin.cli import PICTURES, Outputs, arg, command, signature, table
 from napkin.errors import NapkinError
 
 SIZE = arg("--size", action="append", default=[], metavar="AXIS=N",
@@ -18,28 +20,49 @@ FROM = arg("--from", dest="from_", metavar="FILE:NAME", default=None,
            help="a user algorithm: NAME (a diagram, or a function returning one) in FILE")
 
 
+_DIGITS = re.compile(r"[0-9]{1,18}")  # ASCII digits only: str.isdigit accepts '²'
+
+
 def parse_sizes(items: list[str]) -> dict[str, int]:
     out = {}
     for item in items:
         name, sep, value = item.partition("=")
-        if not sep or not name.isidentifier() or not value.strip().isdigit() or int(value) <= 0:
-            raise NapkinError(f"--size expects AXIS=N with N a positive integer, got {item!r}")
+        value = value.strip()
+        if not sep or not name.isidentifier() or not _DIGITS.fullmatch(value) or int(value) <= 0:
+            raise NapkinError(f"--size expects AXIS=N with N a positive integer (decimal digits, "
+                              f"below 10^18), got {item!r}")
         out[name] = int(value)
     return out
 
 
 def load(spec: str | None, from_: str | None):
-    """(name, diagram, certificate or None) for ALGO, a certificate path, or --from."""
-    from napkin.certificate import Certificate, load_algorithm
+    """(name, diagram, certificate or None) for ALGO, a certificate path, or --from.
+
+    A --from file, or the from-file of a certificate, is the user's own code:
+    it runs in this process.  Whatever goes wrong reading either is a
+    NapkinError naming the option or the file."""
+    from napkin.certificate import Certificate, CertificateError, load_algorithm
     if from_:
-        src = load_algorithm({"from": from_}, Path.cwd())
-        return from_, src.build("f32"), None
+        if ":" not in from_:
+            raise NapkinError(f"--from expects FILE.py:NAME (NAME a diagram, or a function "
+                              f"dtype -> diagram, in FILE.py), got {from_!r}")
+        try:
+            src = load_algorithm({"from": from_}, Path.cwd())
+            return from_, src.build("f32"), None
+        except NapkinError as e:
+            raise NapkinError(f"--from {from_}: {e}") from None
     if spec is None:
         raise NapkinError("give an algorithm name, a certificate file, or --from FILE:NAME")
     if spec.endswith(".json"):
-        cert = Certificate.load(spec)
-        src = load_algorithm(cert.algorithm, Path(spec).parent)
-        return str(cert.algorithm), src.build(cert.dtype), cert
+        try:
+            cert = Certificate.load(spec)
+        except CertificateError as e:
+            raise NapkinError(f"certificate {spec!r}: {e}") from None
+        try:
+            src = load_algorithm(cert.algorithm, cert.origin)
+            return str(cert.algorithm), src.build(cert.dtype), cert
+        except NapkinError as e:
+            raise NapkinError(f"certificate {spec!r}: algorithm: {e}") from None
     from napkin.library import get
     return spec, get(spec).diagram(), None
 
@@ -85,15 +108,62 @@ def _rules(args) -> int:
 
 
 # ----------------------------------------------------------------------------- check
+def _seconds(text: str) -> float:
+    import argparse
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expects a positive number of seconds, got {text!r}")
+    return value
+
+
+def certificate_files(paths) -> list[Path]:
+    """Every certificate file under ``paths`` (files, or folders of ``*.json``), each read
+    and parsed — nothing run — so that a path or file that is not a certificate stops the
+    command before any check (a NapkinError naming it)."""
+    from napkin.certificate import Certificate, CertificateError
+    files = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            found = sorted(p for p in path.rglob("*.json") if p.is_file())
+            if not found:
+                raise NapkinError(f"{str(raw)!r}: no certificates (*.json) in this folder")
+            files += found
+        elif path.exists():
+            files.append(path)
+        else:
+            raise NapkinError(f"{str(raw)!r}: no such file or directory (give certificate files, "
+                              f"folders of them, or 'proofs')")
+    for f in files:
+        try:
+            Certificate.load(f)
+        except CertificateError as e:
+            raise NapkinError(f"{str(f)!r} is not a certificate: {e}") from None
+    return files
+
+
 @command("check", "verify certificates (files or folders), or 'proofs': every rule's proof "
                   "and every stored certificate",
          arg("paths", nargs="+", metavar="PATH", help="certificate files/folders, or 'proofs'"),
-         arg("--no-numeric", action="store_true", help="skip the numeric re-check"))
+         arg("--no-numeric", action="store_true", help="skip the numeric re-check"),
+         arg("--timeout", type=_seconds, default=600.0, metavar="SECONDS",
+             help="time limit for each certificate, checked in a process of its own "
+                  "(default: 600)"))
 def _check(args) -> int:
-    from napkin.checker import check_paths
+    from napkin.isolate import check_paths, start_server
+    start_server()
     paths, failures = list(args.paths), 0
-    if "proofs" in paths and not Path("proofs").is_dir() or paths == ["proofs"]:
+    proofs = "proofs" in paths and not Path("proofs").is_dir() or paths == ["proofs"]
+    if proofs:
         paths.remove("proofs")
+    files = certificate_files(paths)  # before any work: a bad path is an error, not a FAIL
+
+    def show(line):
+        print(line, flush=True)
+    if proofs:
         from napkin.certificate import stored_certificates
         from proofs import prove_all, prove_wrong
         results = prove_all()
@@ -104,15 +174,15 @@ def _check(args) -> int:
         for r in wrong:
             print(("refuted  " if not r.ok else "ACCEPTED ") + f"wrong variant {r.rule}")
         failures += sum(not r.ok for r in results) + sum(r.ok for r in wrong)
-        n_ok, n_fail, lines = check_paths([Path(str(stored_certificates()))],
-                                          numeric=not args.no_numeric)
-        print("\n".join(lines))
+        n_ok, n_fail, _ = check_paths([Path(str(stored_certificates()))],
+                                      numeric=not args.no_numeric, timeout=args.timeout,
+                                      progress=show)
         failures += n_fail
         print(f"{sum(r.ok for r in results)} rules proved, {n_ok} certificates verified"
               + (f", {failures} failure(s)" if failures else ""))
-    if paths:
-        n_ok, n_fail, lines = check_paths(paths, numeric=not args.no_numeric)
-        print("\n".join(lines))
+    if files:
+        n_ok, n_fail, _ = check_paths(files, numeric=not args.no_numeric, timeout=args.timeout,
+                                      progress=show)
         print(f"{n_ok} certificates verified" + (f", {n_fail} failed" if n_fail else ""))
         failures += n_fail
     return 1 if failures else 0
@@ -121,8 +191,14 @@ def _check(args) -> int:
 # ----------------------------------------------------------------------------- cost
 @command("cost", "transfers, memory, FLOPs and time per memory level of a streamed program",
          arg("algorithm", metavar="ALGO|CERTIFICATE", nargs="?"), FROM, SIZE, HARDWARE, DTYPE,
-         JSON, arg("--plot", metavar="PATH", help="draw transfers vs memory and tile size (PNG)"))
+         JSON, arg("--plot", metavar="PATH",
+                   help="draw transfers vs memory and tile size (PNG or SVG by suffix)"))
 def _cost(args) -> int:
+    with Outputs() as out:
+        return _cost_to(args, out.file(args.plot, "--plot", suffixes=PICTURES), out)
+
+
+def _cost_to(args, plot, out) -> int:
     from napkin.cost import cost, cost_json, plot_cost
     from napkin.hardware import get_hardware
     name, diagram, cert = load(args.algorithm, args.from_)
@@ -137,8 +213,8 @@ def _cost(args) -> int:
     c = cost(program, hw, args.dtype)
     data = cost_json(c, sizes)
     data.update({"algorithm": name, "hardware": hw.name, "chain": chain})
-    if args.plot:
-        plot_cost(program, hw, sizes, args.plot, args.dtype)
+    if plot:
+        out.write(plot, lambda: plot_cost(program, hw, sizes, plot, args.dtype))
     if args.json:
         print(json.dumps(_jsonable(data), indent=2, sort_keys=True))
         return 0
@@ -187,18 +263,26 @@ def _jsonable(x):
              help="GMEM+SMEM (the paper's setting) or the profile's whole hierarchy"),
          arg("--max-states", type=int, default=2000), arg("--max-seconds", type=float, default=60.0))
 def _optimize(args) -> int:
+    with Outputs() as out:
+        cert = out.file(args.certificate, "--certificate")
+        drawing = out.file(args.draw, "--draw", suffixes=PICTURES)
+        return _optimize_to(args, cert, drawing, out)
+
+
+def _optimize_to(args, cert, drawing, out) -> int:
     from napkin.search import search
     name, diagram, _ = load(args.algorithm, args.from_)
     sizes = sizes_for(diagram, parse_sizes(args.size))
     r = search(diagram, args.hardware, sizes, args.dtype, max_states=args.max_states,
                max_seconds=args.max_seconds, levels=args.levels)
     cert_path = None
-    if args.certificate:
-        cert_path = write_certificate(args, name, r)
-    if args.draw:
+    if cert:
+        cert_path = out.write(cert, lambda: write_certificate(args, name, r))
+    if drawing:
         from napkin.drawing_streamed import draw_before_after
-        draw_before_after(diagram, r.best.program, args.draw, hardware=args.hardware,
-                          tiles=r.best.tile_values)
+        out.write(drawing, lambda: draw_before_after(diagram, r.best.program, drawing,
+                                                     hardware=args.hardware,
+                                                     tiles=r.best.tile_values))
     if args.json:
         print(json.dumps(_jsonable(result_json(r, sizes, cert_path)), indent=2, sort_keys=True))
         return 0
@@ -359,12 +443,34 @@ def _sample(diagram, sizes, rng):
 
 
 TOL = {"f32": 1e-5, "bf16": 2e-2, "f16": 1e-2}
+KERNEL_DTYPES = tuple(TOL)  # what the generated kernels take as inputs
+
+
+def kernel_dtype(dtype: str) -> str:
+    """``dtype`` canonicalised, if the kernels take it (f32, bf16, f16); else a NapkinError."""
+    from napkin.arrays import canonical_dtype
+    try:
+        name = canonical_dtype(dtype)
+    except NapkinError:
+        name = None
+    if name not in KERNEL_DTYPES:
+        raise NapkinError(f"--dtype {dtype!r}: the kernels take {', '.join(KERNEL_DTYPES[:-1])} "
+                          f"or {KERNEL_DTYPES[-1]} inputs")
+    return name
 
 
 @command("lower", "write the Pallas kernel of an algorithm's best program (or a certificate's)",
          arg("algorithm", metavar="ALGO|CERTIFICATE", nargs="?"), FROM, SIZE, HARDWARE, DTYPE,
-         arg("--emit", metavar="PATH", help="write the kernel's Python source here"))
+         arg("--emit", metavar="PATH", help="write the kernel's Python source here"),
+         arg("--force", action="store_true", help="let --emit overwrite an existing file"))
 def _lower(args) -> int:
+    with Outputs() as out:
+        emit = out.file(args.emit, "--emit", overwrite=args.force,
+                        hint="add --force to overwrite it")
+        return _lower_to(args, emit, out)
+
+
+def _lower_to(args, emit, out) -> int:
     from napkin.lower import lower
     name, diagram, cert = load(args.algorithm, args.from_)
     if cert is not None:
@@ -378,8 +484,8 @@ def _lower(args) -> int:
     shapes = [tuple(sizes[str(a.size)] if not isinstance(a.size, int) else a.size
                     for a in ob.type.axes) for ob in diagram.dom.inside]
     src = k.source(*shapes)
-    if args.emit:
-        Path(args.emit).write_text(src)
+    if emit:
+        out.write(emit, lambda: emit.write_text(src, encoding="utf-8"))
         print(f"kernel source ({len(src.splitlines())} lines): {args.emit}")
     else:
         print(src)
@@ -391,6 +497,7 @@ def _lower(args) -> int:
          arg("--dtype", default="f32", metavar="DT", help="input dtype (default: f32)"), INTERPRET)
 def _run(args) -> int:
     from napkin.lower import hbm_bytes
+    args.dtype = kernel_dtype(args.dtype)  # before any search
     name, diagram, _ = load(args.algorithm, args.from_)
     given = parse_sizes(args.size)
     interpret = _interpret(args.interpret)
@@ -436,13 +543,18 @@ def _library(name):
          arg("--out", default="napkin-demo", metavar="DIR", help="where pictures and files go"),
          INTERPRET)
 def _demo(args) -> int:
+    with Outputs() as files:
+        out = files.directory(args.out, "--out")
+        return _demo_in(args, files, out)
+
+
+def _demo_in(args, files, out) -> int:
     import time
     import napkin as nk
     from napkin import ops
     from napkin.drawing import draw, draw_side_by_side
     t0 = time.perf_counter()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    files.make_directory(out)
     q, x, d = nk.axes("q x d")
 
     def attention(Q, K, V):
@@ -450,7 +562,8 @@ def _demo(args) -> int:
         return ops.contract(ops.softmax(S, x), V, out=(q, d), name="PV")
     diagram = nk.trace(attention, {"Q": (q, d), "K": (x, d), "V": (x, d)}, "attention")
     print(f"1. stated: {signature(diagram)} ({len([b for b in diagram.boxes if b.data])} boxes)")
-    draw(diagram, out / "attention.png", title="attention")
+    files.write(out / "attention.png",
+                lambda: draw(diagram, out / "attention.png", title="attention"))
     print("2. searched (H100, q = x = 4096, d = 128):")
     from napkin.search import search
     r = search(diagram, "h100", {"q": 4096, "x": 4096, "d": 128}, "bf16")
@@ -468,11 +581,12 @@ def _demo(args) -> int:
     from napkin.checker import check_certificate
     cert = derive("attention", [(m.rule, m.site, m.params_dict) for m in r.best.chain],
                   {"q": 9, "x": 11, "d": 4}, {"g_q": 4, "s_x": 4})
-    cert.save(out / "attention.cert.json")
+    files.write(out / "attention.cert.json", lambda: cert.save(out / "attention.cert.json"))
     rep = check_certificate(cert)
     print(f"   certificate {out / 'attention.cert.json'}: {rep}")
-    draw_side_by_side(diagram, r.best.program, out / "before_after.png",
-                      titles=("attention", "streamed program"))
+    files.write(out / "before_after.png",
+                lambda: draw_side_by_side(diagram, r.best.program, out / "before_after.png",
+                                          titles=("attention", "streamed program")))
     print(f"4. drawn: {out / 'attention.png'}, {out / 'before_after.png'}")
     from napkin.lower import lower
     from napkin.library import get
@@ -480,7 +594,9 @@ def _demo(args) -> int:
     tiles = fit_tiles(r.best.tiles.values, r.best.program, sizes)
     k = lower(r.best.program, tiles, name="attention")
     shapes = ((256, 64), (256, 64), (256, 64))
-    (out / "attention_kernel.py").write_text(k.source(*shapes))
+    source = k.source(*shapes)
+    files.write(out / "attention_kernel.py",
+                lambda: (out / "attention_kernel.py").write_text(source, encoding="utf-8"))
     print(f"5. lowered: grid {k.plan(*shapes).grid}, tiles {tiles} (the H100 tiles, shrunk for "
           f"a CPU-sized run); source {out / 'attention_kernel.py'}")
     err, wall = run_and_compare(k, get("attention"), diagram, sizes, "f32",

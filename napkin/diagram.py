@@ -142,3 +142,7 @@ Diagram.copy_factory = Copy
 Diagram.discard_factory = Discard
 Id = Diagram.id
 
+
+def is_diagram(value) -> bool:
+    """Whether ``value`` is a diagram (a napkin or DisCoPy one: boxes, dom and cod)."""
+    return hasattr(value, "boxes") and hasattr(value, "dom") and hasattr(value, "cod")

@@ -389,21 +389,39 @@ def _as_float(key, v):
 
 
 def load_toml(path: str | os.PathLike) -> Hardware:
+    """A hardware hierarchy from a TOML file; every way the file can be wrong
+    (missing, a directory, unreadable, not UTF-8, not TOML, not a hierarchy) is
+    a one-line HardwareError naming the file."""
     p = Path(path)
+    want = "want a TOML hierarchy like the built-in profiles' Hardware.to_toml()"
     try:
         with p.open("rb") as fh:
             data = tomllib.load(fh)
     except FileNotFoundError:
         raise HardwareError(f"hardware file '{p}' not found") from None
+    except IsADirectoryError:
+        raise HardwareError(f"hardware file '{p}' is a directory ({want}, or a profile: "
+                            f"{', '.join(PROFILES)})") from None
     except tomllib.TOMLDecodeError as e:
         msg = " ".join(str(e).split())
         raise HardwareError(f"hardware file '{p}': TOML syntax error: {msg}") from e
+    except UnicodeDecodeError as e:
+        raise HardwareError(f"hardware file '{p}': not UTF-8 text (byte 0x{e.object[e.start]:02x} "
+                            f"at offset {e.start}); {want}") from None
+    except RecursionError:
+        raise HardwareError(f"hardware file '{p}': nested too deeply ({want})") from None
+    except OSError as e:
+        raise HardwareError(f"hardware file '{p}': cannot read it: {e.strerror or e}") from None
+    except ValueError as e:  # e.g. an integer beyond Python's int-parsing limit
+        raise HardwareError(f"hardware file '{p}': {' '.join(str(e).split(';')[0].split())} "
+                            f"({want})") from None
     try:
         return hardware_from_dict(data, default_name=p.stem)
-    except (TypeError, AttributeError) as e:  # e.g. a level or table given as a scalar
-        raise HardwareError(f"hardware file '{p}': malformed: {e}") from e
     except HardwareError as e:
         raise HardwareError(f"hardware file '{p}': {e}") from e
+    except (TypeError, AttributeError, ValueError, RecursionError) as e:
+        # e.g. a level or table given as a scalar
+        raise HardwareError(f"hardware file '{p}': malformed: {' '.join(str(e).split())}") from e
 
 
 # -- built-in profiles -----------------------------------------------------------------------

@@ -40,6 +40,7 @@ def _unary(fn):
 exp, log, tanh, neg = _unary("exp"), _unary("log"), _unary("tanh"), _unary("neg")
 sigmoid, square, sqrt, rsqrt = _unary("sigmoid"), _unary("square"), _unary("sqrt"), _unary("rsqrt")
 recip, relu, silu, abs_ = _unary("recip"), _unary("relu"), _unary("silu"), _unary("abs")
+finite_or_zero = _unary("finite_or_zero")
 
 
 def scale(x: Value, c, name=None, as_=None) -> Value:
@@ -86,7 +87,7 @@ def _const(fn, x, c, swapped, name, as_):
 
 
 add, sub, mul, div = _binary("add"), _binary("sub"), _binary("mul"), _binary("div")
-guard = _binary("guard")  # guard(x, m): x where the row maximum m kept an entry, else 0
+guard = _binary("guard")  # guard(x, m): 0 where the row maximum m kept no entry, else x (NaN stays)
 maximum, minimum = _binary("max"), _binary("min")
 
 

@@ -29,6 +29,7 @@ JNP_DTYPES = {
     "f64": jnp.float64, "f32": jnp.float32, "bf16": jnp.bfloat16, "f16": jnp.float16,
     "fp8": jnp.float8_e4m3fn, "int32": jnp.int32, "int8": jnp.int8, "bool": jnp.bool_,
 }
+FLOATING = ("f64", "f32", "bf16", "f16", "fp8")
 _WIDTH = {"bool": 0, "int8": 1, "int32": 2, "fp8": 3, "bf16": 4, "f16": 4, "f32": 5, "f64": 6}
 
 # The large negative used by masks (a finite number, so a fully masked row
@@ -44,10 +45,16 @@ MASKED = MASK_FILL / 2
 class EvalContext:
     """What evaluation knows besides the arrays: the size of every symbolic
     axis, and the global start index of every axis that a group or stream
-    partition has sliced (index-dependent masks need it)."""
+    partition has sliced (index-dependent masks need it).
+
+    ``exact``: casts between floating dtypes are the identity — the meaning over
+    the reals that the rules are proved for, which the checker compares in
+    float64 (rounding to a wire's dtype is checked separately, with a tolerance
+    per dtype)."""
     env: dict = field(default_factory=dict)
     offsets: dict = field(default_factory=dict)
     xp: Any = JAX
+    exact: bool = False
 
     def number(self, expr) -> float:
         if isinstance(expr, (int, float)):
@@ -60,7 +67,7 @@ class EvalContext:
     def shifted(self, axis: str, start) -> EvalContext:
         offsets = dict(self.offsets)
         offsets[axis] = offsets.get(axis, 0) + start
-        return EvalContext(self.env, offsets, self.xp)
+        return EvalContext(self.env, offsets, self.xp, self.exact)
 
     def bound(self, symbol, value) -> EvalContext:
         """Context where a symbolic size (e.g. a group size g_q) has a value."""
@@ -68,7 +75,7 @@ class EvalContext:
             return self
         env = dict(self.env)
         env[symbol] = value
-        return EvalContext(env, self.offsets, self.xp)
+        return EvalContext(env, self.offsets, self.xp, self.exact)
 
 
 def align(xp, x, src: tuple[str, ...], dst: tuple[str, ...]):
@@ -184,6 +191,9 @@ UNARY = {
     "exp": "exp", "log": "log", "tanh": "tanh", "neg": "negative", "sigmoid": "sigmoid",
     "square": "square", "sqrt": "sqrt", "rsqrt": "rsqrt", "recip": "reciprocal",
     "relu": "relu", "silu": "silu", "abs": "abs", "id": None,
+    # x where finite, else 0: the shift of a running max that has seen only −∞ (or
+    # +∞), so that exp(x − shift) is exp(−∞) = 0 rather than exp(−∞ + ∞) = NaN
+    "finite_or_zero": "finite_or_zero",
 }
 PARAM_UNARY = {
     "scale": lambda xp, x, c: xp.multiply(x, c),
@@ -235,7 +245,7 @@ class Map(Spec):
 
 BINARY = {"add": "add", "sub": "subtract", "mul": "multiply", "div": "divide",
           "max": "maximum", "min": "minimum",
-          # guard(x, m): x where the row maximum m kept an entry (m > MASKED), else 0
+          # guard(x, m): 0 where the row maximum m kept no entry (m <= MASKED), else x
           "guard": "guard"}
 
 
@@ -396,6 +406,8 @@ class Cast(Spec):
         return (ins[0].with_dtype(self.dtype),)
 
     def evaluate(self, ctx, ins, outs, x):
+        if ctx.exact and self.dtype in FLOATING and ins[0].dtype in FLOATING:
+            return (x,)
         return (ctx.xp.astype(x, JNP_DTYPES[self.dtype]),)
 
     def flops(self, ins, outs):

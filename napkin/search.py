@@ -36,7 +36,7 @@ import networkx as nx
 
 from napkin.canonical import canonical_hash, same_program
 from napkin.certificate import fingerprint
-from napkin.errors import NapkinError, RuleError
+from napkin.errors import NapkinError
 from napkin.ir import ops as op_order, view
 from napkin.cost import Grid, cost, optimize_tiles
 from napkin.cost.model import _num
@@ -185,12 +185,17 @@ def moves(program, rules=None, refused: dict | None = None, levels=None):
                         continue
                 try:
                     rule.check(program, site, params)
-                except RuleError as e:
+                except Exception as e:  # noqa: BLE001 - a refusal, whatever raised it
                     if refused is not None:
-                        refused.setdefault((name, params.get("axis")), str(e))
+                        refused.setdefault((name, params.get("axis")), _why(e))
                     continue
                 ps = tuple(sorted(params.items()))
                 yield Move(name, site, ps, (name, ps, tuple(id(boxes[i]) for i in site.ops)))
+
+
+def _why(e: Exception) -> str:
+    """A refusal's reason: a premise's own words, or what a rule that crashed raised."""
+    return str(e) if isinstance(e, NapkinError) else f"the rule failed: {type(e).__name__}: {e}"
 
 
 def _single_group(body):
@@ -255,8 +260,8 @@ class Evaluator:
                 state.excess = (self.overflow(state.program, {**self.sizes, **state.tile_values}),
                                 sum(float(m.min()) for arrays in grid.mem_candidates.values()
                                     for m in arrays))
-        except NapkinError as e:
-            state.error = str(e)
+        except Exception as e:  # noqa: BLE001 - a program that cannot be costed is not chosen
+            state.error = _why(e)
 
     def overflow(self, program, values: dict) -> float:
         """Bytes by which each primitive box's arrays (at these sizes and tiles) exceed
@@ -484,7 +489,8 @@ def _best_first(roots, ev: "Evaluator", max_states: int, max_seconds: float, t0:
                 continue
             try:
                 child_prog = apply_move(state.program, mv)
-            except RuleError:
+            except Exception as e:  # noqa: BLE001 - one failing move is a refusal, not an abort
+                run.refused.setdefault((mv.rule, dict(mv.params).get("axis")), _why(e))
                 continue
             h, known = run.find(child_prog)
             if known is not None:

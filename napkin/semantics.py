@@ -80,12 +80,14 @@ def run(diagram, ctx: EvalContext, *xs) -> tuple:
     return _run_boxes(diagram, ctx, xs)
 
 
-def evaluate(diagram, sizes: dict | None = None):
+def evaluate(diagram, sizes: dict | None = None, exact: bool = False):
     """The meaning of ``diagram`` as a JAX function of its input arrays.
 
     Symbolic axis sizes are bound from the arrays' shapes (and ``sizes``,
     ``{"q": 128}`` or ``{Symbol: 128}``); a mismatch raises ShapeError naming
     the input and the axis.  One output returns an array, several a tuple.
+    ``exact``: casts between floating dtypes are the identity (the meaning over
+    the reals; see :class:`~napkin.primitives.EvalContext`).
     """
     types = array_types(diagram.dom)
     names = [str(ob) for ob in diagram.dom.inside]
@@ -94,7 +96,7 @@ def evaluate(diagram, sizes: dict | None = None):
 
     def f(*xs):
         env = bind_sizes(types, xs, base, names)
-        out = _run_boxes(diagram, EvalContext(env), xs)
+        out = _run_boxes(diagram, EvalContext(env, exact=exact), xs)
         return out[0] if len(out) == 1 else out
     return f
 

@@ -19,13 +19,16 @@ actual length of each piece.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import sympy
 
 from napkin.arrays import ArrayType, array_types
+from napkin.diagram import is_diagram
 from napkin.errors import NapkinError
+from napkin.memo import IdentityMemo
 from napkin.primitives import EvalContext, Spec
 
 
@@ -38,10 +41,13 @@ def _runtime_size(axis: str, ins, xs) -> int:
 
 def _piece_size(ctx: EvalContext, size) -> int:
     try:
-        return int(ctx.number(size))
+        value = ctx.number(size)
     except NapkinError:
         raise NapkinError(f"tile size {size} has no value: choose tiles "
                           f"(e.g. sizes={{'{size}': 64}}) before evaluating") from None
+    if value != int(value) or value < 1:
+        raise NapkinError(f"tile size {size} = {value:g} is not a positive integer")
+    return int(value)
 
 
 def _relabel(types, axis: str, size) -> tuple[ArrayType, ...]:
@@ -57,6 +63,46 @@ def _check_same(what: str, got, want):
 
 def _pieces(n: int, size: int):
     return [(s, min(s + size, n)) for s in range(0, n, size)]
+
+
+_AT_LENGTH = IdentityMemo(2000)
+
+
+def at_length(diagram, axis: str, size, length: int, ctx: EvalContext):
+    """(diagram, context) for one piece of ``length`` entries of an axis the diagram
+    sees at the tile ``size``: a symbolic tile is bound to the length; an integer
+    tile that the piece does not fill is relabelled to the length, so that every
+    box inside (a fill, a nested accumulator) sees the piece's real extent."""
+    if isinstance(size, sympy.Symbol):
+        return diagram, ctx.bound(size, length)
+    if int(size) == length:
+        return diagram, ctx
+    from napkin.region import relabel
+    return _AT_LENGTH.get((diagram,), lambda: relabel(diagram, axis, length), (axis, length)), ctx
+
+
+def _slice(x, axis: int, start, length: int):
+    """``length`` entries of ``x`` along ``axis`` from a (possibly traced) start."""
+    import jax
+    return jax.lax.dynamic_slice_in_dim(x, start, length, axis=axis)
+
+
+def _stable_carry(step, state):
+    """The state, promoted until one ``step`` keeps every dtype (a loop's carry must
+    not change type: an f32 accumulator meeting f64 chunks becomes f64 once)."""
+    import jax
+    import jax.numpy as jnp
+    state = tuple(jnp.asarray(s) for s in state)
+    for _ in range(4):
+        out = jax.eval_shape(step, state)
+        if all(o.dtype == s.dtype and o.shape == s.shape for o, s in zip(out, state)):
+            return state
+        for o, s in zip(out, state):
+            if o.shape != s.shape:
+                raise NapkinError(f"an accumulator update changes its state's shape "
+                                  f"{s.shape} -> {o.shape}")
+        state = tuple(s.astype(jnp.promote_types(s.dtype, o.dtype)) for o, s in zip(out, state))
+    return state
 
 
 @dataclass(frozen=True)
@@ -88,14 +134,51 @@ class Group(Spec):
     def evaluate(self, ctx, ins, outs, *xs):
         from napkin.semantics import run
         xp, n = ctx.xp, _runtime_size(self.axis, ins, xs)
-        results = []
-        for start, stop in _pieces(n, _piece_size(ctx, self.size)):
-            sub = ctx.shifted(self.axis, start).bound(self.size, stop - start)
-            args = [xp.take(x, t.names.index(self.axis), start, stop) if t.has(self.axis) else x
+        g = _piece_size(ctx, self.size)
+
+        def piece(start, length, args):
+            body, sub = at_length(self.body, self.axis, self.size, length, ctx)
+            return run(body, sub.shifted(self.axis, start), *args)
+
+        def cut(start, stop):
+            return [xp.take(x, t.names.index(self.axis), start, stop) if t.has(self.axis) else x
                     for t, x in zip(ins, xs)]
-            results.append(run(self.body, sub, *args))
+        if xp.symbolic:  # exact entries: one piece at a time
+            results = [piece(a, b - a, cut(a, b)) for a, b in _pieces(n, g)]
+        else:
+            n_full, tail = divmod(n, g)
+            results = [self._mapped(ctx, ins, outs, xs, n_full, g, piece)] if n_full else []
+            if tail:
+                results.append(piece(n_full * g, tail, cut(n_full * g, n)))
+        if len(results) == 1:
+            return tuple(results[0])
         return tuple(xp.concatenate([r[i] for r in results], axis=t.names.index(self.axis))
                      for i, t in enumerate(outs))
+
+    def _mapped(self, ctx, ins, outs, xs, n_full, g, piece):
+        """The ``n_full`` whole groups as one vmap over the group index (traced once,
+        whatever the number of groups), concatenated along the axis."""
+        import jax
+        import jax.numpy as jnp
+        batched = [t.has(self.axis) for t in ins]
+        split = []
+        for t, x, b in zip(ins, xs, batched):
+            if b:
+                i = t.names.index(self.axis)
+                x = jax.lax.slice_in_dim(x, 0, n_full * g, axis=i)
+                x = jnp.moveaxis(jnp.reshape(x, x.shape[:i] + (n_full, g) + x.shape[i + 1:]), i, 0)
+            split.append(x)
+
+        def one(k, *args):
+            return tuple(piece(k * g, g, args))
+        ys = jax.vmap(one, in_axes=(0, *[0 if b else None for b in batched]))(
+            jnp.arange(n_full), *split)
+        merged = []
+        for y, t in zip(ys, outs):
+            i = t.names.index(self.axis)
+            y = jnp.moveaxis(y, 0, i)
+            merged.append(jnp.reshape(y, y.shape[:i] + (n_full * g,) + y.shape[i + 2:]))
+        return merged
 
     def flops(self, ins, outs):
         from napkin.flops import flops
@@ -153,12 +236,34 @@ class Stream(Spec):
     def evaluate(self, ctx, ins, outs, *xs):
         from napkin.semantics import run
         xp, n = ctx.xp, _runtime_size(self.axis, ins, xs)
-        state = run(self.init, ctx)
-        for start, stop in _pieces(n, _piece_size(ctx, self.chunk)):
-            sub = ctx.shifted(self.axis, start).bound(self.chunk, stop - start)
-            args = [xp.take(x, t.names.index(self.axis), start, stop) if t.has(self.axis) else x
-                    for t, x in zip(ins, xs)]
-            state = run(self.update, sub, *state, *args)
+        c = _piece_size(ctx, self.chunk)
+        at = [t.names.index(self.axis) if t.has(self.axis) else None for t in ins]
+
+        def step(start, length, state):
+            update, sub = at_length(self.update, self.axis, self.chunk, length, ctx)
+            if xp.symbolic:
+                args = [x if i is None else xp.take(x, i, start, start + length)
+                        for i, x in zip(at, xs)]
+            else:
+                args = [x if i is None else _slice(x, i, start, length) for i, x in zip(at, xs)]
+            return tuple(run(update, sub.shifted(self.axis, start), *state, *args))
+        state = tuple(run(self.init, ctx))
+        n_full, tail = divmod(n, c)
+        if xp.symbolic:  # exact entries: one chunk at a time
+            for start, stop in _pieces(n, c):
+                state = step(start, stop - start, state)
+        else:
+            if n_full:  # the first chunk outside the loop: it settles the state's dtypes
+                state = step(0, c, state)
+            if n_full > 1:  # the rest as one loop: traced once, whatever the chunk count
+                import jax
+                import jax.numpy as jnp
+                state = _stable_carry(lambda s: step(0, c, s), state)
+                state = jax.lax.fori_loop(
+                    1, n_full, lambda k, s: tuple(jnp.asarray(o, v.dtype) for o, v in
+                                                  zip(step(k * c, c, s), s)), state)
+            if tail:
+                state = step(n_full * c, tail, state)
         fixed = [x for t, x in zip(ins, xs) if not t.has(self.axis)]
         return run(self.finalize, ctx, *state, *fixed)
 
@@ -181,6 +286,77 @@ class Stream(Spec):
 
     def label(self):
         return f"stream {self.axis} ({self.chunk}) [{self.rule}]"
+
+
+# ----------------------------------------------------------------------------- names
+@dataclass(frozen=True)
+class TileUse:
+    name: str
+    kind: str      # "group" | "stream"
+    axis: str
+
+
+@dataclass
+class Names:
+    """Every name a program gives meaning to."""
+    axes: set          # axis names, at any depth
+    sizes: set         # size symbols that are not tiles (axis sizes, parameters' symbols)
+    tiles: dict        # tile name -> set of TileUse
+
+
+_NAMES = IdentityMemo(5000)
+
+
+def names(program) -> Names:
+    """The axes, size symbols and tiles of a program, at every depth (memoised)."""
+    return _NAMES.get((program,), lambda: _names(program))
+
+
+def _names(program) -> Names:
+    axes, symbols, tiles = set(), set(), {}
+
+    def note_type(t: ArrayType):
+        for a in t.axes:
+            axes.add(a.name)
+            if isinstance(a.size, sympy.Basic):
+                symbols.update(str(s) for s in a.size.free_symbols)
+
+    def note_value(v):
+        if isinstance(v, sympy.Basic):
+            symbols.update(str(s) for s in v.free_symbols)
+        elif isinstance(v, ArrayType):
+            note_type(v)
+        elif isinstance(v, (tuple, list)):
+            for w in v:
+                note_value(w)
+        elif is_diagram(v):
+            walk(v)
+
+    def walk(d):
+        for ob in (*d.dom.inside, *d.cod.inside):
+            note_type(ob.type)
+        for box in d.boxes:
+            for ob in (*box.dom.inside, *box.cod.inside):
+                if hasattr(ob, "type"):
+                    note_type(ob.type)
+            spec = getattr(box, "data", None)
+            if spec is None or not dataclasses.is_dataclass(spec):
+                continue
+            tile = tile_of(spec)
+            if tile is not None:
+                tiles.setdefault(tile.name, set()).add(tile)
+            for f in dataclasses.fields(spec):
+                note_value(getattr(spec, f.name))
+    walk(program)
+    return Names(axes, symbols - set(tiles), tiles)
+
+
+def tile_of(spec) -> TileUse | None:
+    kind = getattr(spec, "kind", None)
+    size = spec.size if kind == "group" else spec.chunk if kind == "stream" else None
+    if isinstance(size, sympy.Symbol):
+        return TileUse(size.name, kind, spec.axis)
+    return None
 
 
 def tile_symbol(kind: str, axis: str) -> sympy.Symbol:

@@ -100,7 +100,9 @@ def one_box_programs():
 
 
 def grouped_equals(D, axis, sizes, groups):
-    """The Group box the rule builds equals D on symbolic entries."""
+    """The Group box the rule builds equals D on symbolic entries, with the group
+    size a tile symbol bound to each g and with each g an integer in the program
+    (whose last, shorter piece is the body relabelled to its length)."""
     from napkin.semantics import run
     from napkin.streamed import tile_symbol
     R = apply_rule(RULE, D, {"axis": axis, "size": f"g_{axis}"})
@@ -112,9 +114,10 @@ def grouped_equals(D, axis, sizes, groups):
     for g in groups:
         try:
             compare(run(R, ctx.bound(tile_symbol("g", axis), g), *xs), ref, sizes)
+            compare(run(apply_rule(RULE, D, {"axis": axis, "size": g}), ctx, *xs), ref, sizes)
         except Failed as e:
             raise Failed(f"g_{axis}={g}: {e}") from None
-    return f"|{axis}|={sizes[axis]}, g_{axis} in {list(groups)}: equal"
+    return f"|{axis}|={sizes[axis]}, g_{axis} in {list(groups)}, symbolic and integer: equal"
 
 
 def prove():

@@ -2,9 +2,11 @@
 
 Statement.  For L with a reduced axis x, the accumulator of
 ``rewrites.logsumexp`` — init (−∞, 0); per chunk y:
-μ′ = max(μ, max_j y_j), z′ = z·exp(μ − μ′) + Σ_j exp(y_j − μ′); finalize
-μ + log z — computes log Σ_x exp L for every length of x, every chunking and
-every number of chunks.
+μ′ = max(μ, max_j y_j), m = μ′ if finite else 0, z′ = z·exp(μ − m) +
+Σ_j exp(y_j − m); finalize μ + log z — computes log Σ_x exp L for every length
+of x, every chunking and every number of chunks.  On real entries m = μ′ (the
+symbolic part); rows that have seen only −∞ shift by 0 and end at −∞, as
+logsumexp does, which the numeric part checks with −∞ rows and NaN entries.
 
 Proof.  state(x) := update(init, x) = (M, Σ_j e^{x_j − M}) with M = max x
 (δ = e^{−∞ − M} = 0 annihilates the initial z = 0).  The law
@@ -96,6 +98,17 @@ def prove():
                        sizes_rhs=tiles, tol=1e-12)
     proof.check("a fully masked row and masked first chunks (padding, float64)", masked,
                 "numeric")
+
+    def infinities():
+        D = generic()
+        L = sample(D, {**sizes, "n": 4}, rng)[0]
+        L[0] = -np.inf                       # a row of −∞: logsumexp −∞
+        L[1, :CHUNK] = -np.inf               # a first chunk of −∞, then finite entries
+        L[2, -1] = -np.inf                   # −∞ in the last, ragged chunk
+        L[3, 1] = np.nan                     # a NaN: NaN, as jax's logsumexp gives
+        return numeric(D, streamed(D), [L], sizes_rhs=tiles, tol=1e-12, nonfinite=True)
+    proof.check("−∞ entries, a first chunk and a whole row of −∞, a NaN entry: the same "
+                "values, −∞ and NaN as logsumexp (float64)", infinities, "numeric")
 
     def low():
         D16, D64 = generic("bf16"), generic("f64")

@@ -5,11 +5,15 @@ scores s followed by a contraction over x with v (other axes woven).  The
 accumulator of ``rewrites.softmax_contraction`` — state (μ, z, o), init
 (−∞, 0, 0), per chunk y of scores with values w
 
-    μ′ = max(μ, max_j y_j);  δ = exp(μ − μ′);
-    z′ = δ·z + Σ_j exp(y_j − μ′);   o′ = δ·o + Σ_j exp(y_j − μ′)·w_j,
+    μ′ = max(μ, max_j y_j);  m = μ′ if finite else 0;  δ = exp(μ − m);
+    z′ = δ·z + Σ_j exp(y_j − m);   o′ = δ·o + Σ_j exp(y_j − m)·w_j,
 
 finalize o / z — computes f for every length of x, every chunking (ragged
-last chunk included) and every number of chunks.
+last chunk included) and every number of chunks.  On real (finite) scores
+m = μ′, which is what the symbolic part proves; the shift only differs once a
+row has seen nothing but −∞ (δ and the exponentials are then exp(−∞) = 0,
+where exp(μ − μ′) would be NaN), and the numeric part checks such rows: −∞
+rows give zeros, as softmax does, and NaN rows give NaN.
 
 Proof.  Write state(x) for the state after one chunk x from init:
 state(x) = (M, Σ_j e^{x_j − M}, Σ_j e^{x_j − M} v_j) with M = max x (the −∞
@@ -125,6 +129,19 @@ def numeric_part(proof: Proof, rng: np.random.Generator):
         return f"{sizes}, s_x={CHUNK}: " + "; ".join(out)
     proof.check("masked rows: a fully masked row (padding), fully masked chunks before and after "
                 "live ones (causal with q > x, sliding window), float64", masked, "numeric")
+
+    def infinities():
+        D = generic()
+        S, V = sample(D, {**sizes, "q": 5}, rng)
+        S[0] = -np.inf               # a row of −∞: no distribution, zeros (as softmax gives)
+        S[1, :CHUNK] = -np.inf       # a first chunk of −∞, then finite scores
+        S[2, -1] = -np.inf           # −∞ in the last, ragged chunk
+        S[3, 1] = np.nan             # a NaN score: a NaN row, as jax.nn.softmax gives
+        S[4, 0] = 1e4                # a large score among ordinary ones
+        return numeric(D, streamed(D), [S, V], sizes_rhs=tiles, tol=1e-12, nonfinite=True)
+    proof.check("−∞ scores (a whole row, a first chunk, the ragged last chunk), a NaN score, a "
+                "1e4 score: the same values, zeros and NaN as softmax·V (float64)", infinities,
+                "numeric")
 
     def low_precision():
         D16, D64 = library("attention", "bf16"), library("attention", "f64")

@@ -19,8 +19,9 @@ from napkin.ir import ops as op_order, to_diagram, view
 from napkin.memo import IdentityMemo
 from napkin.op import make_op
 from napkin.region import Site, body_at, region, region_diagram, replace_at, splice
-from napkin.streamed import Group, tile_symbol
-from rewrites.base import Rule, replacement, size_param
+from napkin.streamed import Group
+from rewrites import tiles
+from rewrites.base import Rule, replacement
 
 LEVELS = ("gmem", "l2", "smem", "registers")
 
@@ -78,14 +79,6 @@ def nesting_reason(boxes, axis: str, level: str) -> str | None:
     return None
 
 
-def fresh_size(boxes, axis: str, level: str):
-    """g_<axis>, or g_<axis>_<level> when a group inside already uses g_<axis>: a
-    regroup at a higher level needs a tile size of its own."""
-    default = tile_symbol("g", axis)
-    taken = {str(g.size) for box in boxes for g in nested_groups(box)}
-    return default if str(default) not in taken else tile_symbol("g", f"{axis}_{level}")
-
-
 class GroupPartition(Rule):
     name = "group_partition"
     summary = "tile a woven axis: run the region once per group of g entries at a lower level"
@@ -95,8 +88,6 @@ class GroupPartition(Rule):
         axis = params.get("axis")
         if not isinstance(axis, str):
             raise RuleError("group_partition needs a parameter axis (an axis name)")
-        if "size" in params:
-            size_param(params["size"], "group_partition size")
         level = params.get("level", "smem")
         if level not in LEVELS:
             raise RuleError(f"group_partition: unknown level {level!r}; known: {', '.join(LEVELS)}")
@@ -118,14 +109,18 @@ class GroupPartition(Rule):
                 raise RuleError(f"cannot group {axis}: region output {graph.nodes[v]['ob']} lacks it")
         if not any(graph.nodes[v]["ob"].type.has(axis) for v in reg.inputs):
             raise RuleError(f"cannot group {axis}: no input of the region carries it")
-        return body, graph, reg, axis, level
+        # a regroup at a higher level needs a tile of its own: g_<axis>_<level>
+        regroup = any(g.axis == axis for box in reg.boxes() for g in nested_groups(box))
+        size = tiles.choose(program, site.path, reg.boxes(), params.get("size"), "group", axis,
+                            f"g_{axis}_{level}" if regroup else f"g_{axis}",
+                            f"cannot group {axis}")
+        return body, graph, reg, axis, level, size
 
     def check(self, program, site, params):
         self._region(program, site, params)
 
     def apply(self, program, site, params):
-        body, graph, reg, axis, level = self._region(program, site, params)
-        size = size_param(params.get("size", str(fresh_size(reg.boxes(), axis, level))))
+        body, graph, reg, axis, level, size = self._region(program, site, params)
 
         def make():
             inner = region_diagram(reg, axis, size)

@@ -1,7 +1,9 @@
 """Streamability of logsumexp: state (μ, z) = (running max, Σ exp(x − μ)).
 
-μ′ = max(μ, max_chunk x); z′ = z·exp(μ − μ′) + Σ_chunk exp(x − μ′);
-result μ + log z.  Proof: proofs/logsumexp.py.
+μ′ = max(μ, max_chunk x); m = μ′ where finite, else 0;
+z′ = z·exp(μ − m) + Σ_chunk exp(x − m); result μ + log z.  The shift m equals μ′
+unless no finite entry has been seen: a row of −∞ then gives μ + log z =
+−∞ + log 0 = −∞, as logsumexp does, instead of NaN.  Proof: proofs/logsumexp.py.
 """
 from __future__ import annotations
 
@@ -33,8 +35,10 @@ class LogSumExp(Streamability):
         mu, z = state
         x = ins[0]
         mu2 = ops.maximum(mu, ops.max_(x, axis), as_="mu")
-        delta = ops.exp(ops.sub(mu, mu2), as_="delta")
-        z2 = ops.add(ops.mul(z, delta), ops.sum_(ops.exp(ops.sub(x, mu2)), axis), as_="z")
+        # a running max of ±∞ shifts by 0: exp then gives 0 or ∞, not exp(∞ − ∞) = NaN
+        shift = ops.finite_or_zero(mu2, as_="shift")
+        delta = ops.exp(ops.sub(mu, shift), as_="delta")
+        z2 = ops.add(ops.mul(z, delta), ops.sum_(ops.exp(ops.sub(x, shift)), axis), as_="z")
         return [mu2, z2]
 
     def finalize(self, graph, claim, axis, state):

@@ -8,8 +8,9 @@ B((o, z), (x, y)) = (o + Σ a₁(x)·y, z + Σ a₂(x)) and the result o / b(z).
 Sigmoid- or L2-normalised attention and RMSNorm → matmul stream this way.
 
 Matches: a contraction one of whose inputs is ``div(n, D)`` or ``mul(n, D)``
-(used only there) where D has no axis the contraction sums over and every axis
-of D is an output axis.  Parameters: none (the site is the contraction).
+(used only there, at one port) where D has no axis the contraction sums over,
+every axis of D is an output axis, and every output axis is still carried by n
+or the other inputs.  Parameters: none (the site is the contraction).
 Proof: proofs/normalized_contraction.py.
 """
 from __future__ import annotations
@@ -36,19 +37,24 @@ def _factor(graph, c):
         zspec = graph.nodes[z]["box"].data
         if zspec.kind != "zip" or zspec.fn not in ("div", "mul"):
             continue
-        if list(graph.successors(v)) != [c] or v in graph.graph["outputs"]:
-            continue
+        if list(graph.successors(v)) != [c] or v in graph.graph["outputs"] \
+                or graph.nodes[c]["ins"].count(v) != 1:
+            continue  # the quotient must feed this one port only (n/D·n/D is not (n·n/D)/D)
         num, den = graph.nodes[z]["ins"]
         candidates = [(num, den)] if zspec.fn == "div" else [(num, den), (den, num)]
+        others = {a for u in graph.nodes[c]["ins"] if u != v for a in ob(graph, u).type.names}
         for n_, d_ in candidates:
             dt = ob(graph, d_).type
             if summed & set(dt.names):
                 continue
             if not set(dt.names) <= set(spec.out):
                 continue
+            if not set(spec.out) <= others | set(ob(graph, n_).type.names):
+                continue  # an output axis only the factor carries: Σ n·v would lack it
             return port, z, n_, d_, zspec.fn
-    return (f"no input of {graph.nodes[c]['box'].name} is a quotient or product by a factor "
-            f"without the summed axes {sorted(summed)}")
+    return (f"no input of {graph.nodes[c]['box'].name} is a quotient or product n/D or n·D, "
+            f"used by it once, whose factor D lacks the summed axes {sorted(summed)}, has only "
+            f"output axes, and leaves every output axis on n or the other inputs")
 
 
 class NormalizedContraction(Rule):
@@ -68,6 +74,10 @@ class NormalizedContraction(Rule):
         found = _factor(g, c)
         if isinstance(found, str):
             raise RuleError(f"cannot factor out of the contraction: {found}")
+        (out,) = g.nodes[c]["outs"]
+        if not list(g.successors(out)) and out not in g.graph["outputs"]:
+            raise RuleError(f"cannot factor out of {g.nodes[c]['box'].name}: its result is "
+                            f"discarded (nothing to rewrite)")
         return g, c, found
 
     def check(self, program, site, params):

@@ -3,9 +3,13 @@
 Claims: ``softmax`` over the axis whose output is used only by one contraction
 that sums over the axis (P·V).  State (μ, z, o) = (−∞, 0, 0); per chunk of
 scores x and the other contraction inputs v:
-μ′ = max(μ, max x); δ = exp(μ − μ′); z′ = δz + Σ exp(x − μ′);
-o′ = δo + Σ exp(x − μ′)·v; result o · (1/z), or 0 for a row that kept no key
-(μ still the mask's fill, as softmax gives).  Proof: proofs/softmax_contraction.py.
+μ′ = max(μ, max x); m = μ′ where finite, else 0; δ = exp(μ − m);
+z′ = δz + Σ exp(x − m); o′ = δo + Σ exp(x − m)·v; result o · (1/z), or 0 for a
+row that kept no key (μ still the mask's fill, or −∞: as softmax gives).  The
+shift m is μ′ itself whenever μ′ is finite; for a row that has seen only −∞ it
+is 0, so δ and the exponentials are exp(−∞) = 0 rather than exp(−∞ + ∞) = NaN.
+A NaN score makes the row NaN, as jax.nn.softmax does.
+Proof: proofs/softmax_contraction.py.
 """
 from __future__ import annotations
 
@@ -57,8 +61,10 @@ class SoftmaxContraction(Streamability):
         mu, z, o = state
         x, others = ins[0], list(ins[1:])
         mu2 = ops.maximum(mu, ops.max_(x, axis), as_="mu")
-        delta = ops.exp(ops.sub(mu, mu2), as_="delta")
-        p = ops.exp(ops.sub(x, mu2), as_="p")
+        # a running max of ±∞ shifts by 0: exp then gives 0 or ∞, not exp(∞ − ∞) = NaN
+        shift = ops.finite_or_zero(mu2, as_="shift")
+        delta = ops.exp(ops.sub(mu, shift), as_="delta")
+        p = ops.exp(ops.sub(x, shift), as_="p")
         z2 = ops.add(ops.mul(z, delta), ops.sum_(p, axis), as_="z")
         low = [v.type.dtype for v in others if v.type.dtype in ("bf16", "f16", "fp8")]
         if low:  # as FlashAttention does: p·V on the tensor cores in V's precision

@@ -30,10 +30,12 @@ from napkin import ops
 from napkin.errors import RuleError
 from napkin.ir import ops as op_order, to_diagram, view
 from napkin.op import make_op
+from napkin.primitives import FLOATING
 from napkin.region import Site, body_at, region, replace_at, splice
-from napkin.streamed import Stream, tile_symbol
+from napkin.streamed import Stream
 from napkin.trace import trace
-from rewrites.base import Rule, ob, replacement, size_param
+from rewrites import tiles
+from rewrites.base import Rule, ob, replacement
 from rewrites.group_partition import mixing_reason
 
 
@@ -93,6 +95,14 @@ def analyse(graph, reg, axis):
                     f"{ob(graph, v)}, which depends on a reduction over {axis}; no streamability "
                     f"rule covers this (a factor without {axis} can be pulled out of a contraction "
                     f"first: rule normalized_contraction)")
+    for c in claims:  # a reduction's inputs, too, must be there chunk by chunk
+        for v in c.inputs:
+            if v in reduced or v in post_vals:
+                names = ", ".join(graph.nodes[n]["box"].name for n in c.nodes)
+                raise RuleError(
+                    f"cannot stream over {axis}: {names} reduces {ob(graph, v)}, which "
+                    f"depends on a reduction over {axis} (a reduction of a reduction over the "
+                    f"same axis does not stream in one pass)")
     for n in post:
         for v in graph.nodes[n]["ins"]:
             if has(v):
@@ -101,6 +111,13 @@ def analyse(graph, reg, axis):
     if not claims:
         raise RuleError(f"cannot stream over {axis}: the region reduces {axis} with no "
                         f"streamable reduction")
+    for c in claims:
+        for v in [*c.inputs, *c.outputs]:
+            if ob(graph, v).type.dtype not in FLOATING:
+                names = ", ".join(graph.nodes[n]["box"].name for n in c.nodes)
+                raise RuleError(f"cannot stream over {axis}: {names} reduces {ob(graph, v)} of "
+                                f"dtype {ob(graph, v).type.dtype}; accumulators are "
+                                f"floating-point (cast the values to a float dtype first)")
     return claims, invariant + pre, invariant + post
 
 
@@ -168,19 +185,19 @@ class StreamPartition(Rule):
         axis = params.get("axis")
         if not isinstance(axis, str):
             raise RuleError("stream_partition needs a parameter axis (an axis name)")
-        if "chunk" in params:
-            size_param(params["chunk"], "stream_partition chunk")
         body = body_at(program, site.path)
         graph = view(body)
         reg = region(graph, site.ops)
-        return graph, reg, axis, analyse(graph, reg, axis)
+        parts = analyse(graph, reg, axis)
+        chunk = tiles.choose(program, site.path, reg.boxes(), params.get("chunk"), "stream", axis,
+                             f"s_{axis}", f"cannot stream over {axis}")
+        return graph, reg, axis, chunk, parts
 
     def check(self, program, site, params):
         self._analyse(program, site, params)
 
     def apply(self, program, site, params):
-        graph, reg, axis, (claims, pre, post) = self._analyse(program, site, params)
-        chunk = size_param(params.get("chunk", str(tile_symbol("s", axis))))
+        graph, reg, axis, chunk, (claims, pre, post) = self._analyse(program, site, params)
 
         def make():
             spec = build_stream(graph, reg, axis, chunk, claims, pre, post)

@@ -106,8 +106,9 @@ def test_attention_read_off():
     # paper: 2 g_q d + 2 s_x d; the model adds the running max and sum (2 g_q)
     assert same(cst.memory["smem"], 2 * g_q * d + 2 * s_x * d + 2 * g_q)
     full = cost(program("attention", ATTENTION), H100_2, "f16")
-    # with intermediates: + the live score tile g_q*s_x and one row vector g_q
-    assert same(full.memory["smem"], 2 * g_q * d + 2 * s_x * d + g_q * s_x + 3 * g_q)
+    # with intermediates: + the live score tile g_q*s_x and two row vectors g_q (the
+    # rescale δ and the shift, μ′ or 0 for a row of −∞)
+    assert same(full.memory["smem"], 2 * g_q * d + 2 * s_x * d + g_q * s_x + 4 * g_q)
 
 
 def test_attention_canonical_within_1_over_d():

@@ -109,6 +109,7 @@ def plot_cost(program, hardware, sizes: Mapping, path, dtype=None, *, level: str
 
     from napkin.cost.bounds import lower_bound
     from napkin.cost.optimize import M_SYM, Grid, _ref_bytes, canonical_form
+    from napkin.errors import NapkinError
 
     c = program if isinstance(program, Cost) else cost_of(program, hardware, dtype,
                                                          intermediates=intermediates)
@@ -166,6 +167,12 @@ def plot_cost(program, hardware, sizes: Mapping, path, dtype=None, *, level: str
     if g.free:
         ax2.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        fig.savefig(path, dpi=110)
+    except OSError as e:
+        raise NapkinError(f"cannot write {str(path)!r}: {e.strerror or e}") from None
+    except ValueError as e:  # a file type matplotlib does not write
+        raise NapkinError(f"cannot write {str(path)!r}: {' '.join(str(e).split())}") from None
+    finally:
+        plt.close(fig)
     return str(path)

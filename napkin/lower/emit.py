@@ -239,11 +239,12 @@ _UNARY = {
     "sigmoid": "jax.nn.sigmoid({0})", "square": "{0} * {0}", "sqrt": "jnp.sqrt({0})",
     "rsqrt": "lax.rsqrt({0})", "reciprocal": "1.0 / {0}", "relu": "jnp.maximum({0}, 0.0)",
     "silu": "{0} * jax.nn.sigmoid({0})", "abs": "jnp.abs({0})",
+    "finite_or_zero": "jnp.where(jnp.abs({0}) < jnp.inf, {0}, jnp.zeros_like({0}))",
 }
 _BINARY = {
     "add": "{0} + {1}", "subtract": "{0} - {1}", "multiply": "{0} * {1}", "divide": "{0} / {1}",
     "maximum": "jnp.maximum({0}, {1})", "minimum": "jnp.minimum({0}, {1})", "power": "{0} ** {1}",
-    "guard": "jnp.where({1} > -5e29, {0}, jnp.zeros_like({0}))",
+    "guard": "jnp.where({1} <= -5e29, jnp.zeros_like({0}), {0})",
 }
 
 
@@ -251,7 +252,8 @@ _BINARY = {
 # only in float32: low-precision operands go up to float32 and the result comes
 # back down, so the kernel keeps the dtype the semantics gives.
 _NATIVE_LOW = {"-{0}", "jnp.abs({0})", "jnp.maximum({0}, 0.0)", "{0} * {0}",
-               "jnp.where({1} > -5e29, {0}, jnp.zeros_like({0}))",
+               "jnp.where({1} <= -5e29, jnp.zeros_like({0}), {0})",
+               "jnp.where(jnp.abs({0}) < jnp.inf, {0}, jnp.zeros_like({0}))",
                "{0} + {1}", "{0} - {1}", "{0} * {1}", "jnp.maximum({0}, {1})",
                "jnp.minimum({0}, {1})"}
 

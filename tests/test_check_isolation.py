@@ -1,0 +1,189 @@
+"""`napkin check` checks every certificate in a process of its own.
+
+A ``{"from": "FILE:NAME"}`` certificate runs FILE's code.  Checked in the
+checker's own process, that code could rewrite a rule or the checker's
+tolerance and so change the verdict of every certificate checked after it, or
+end the run with its own exit status.  ``check_paths`` (what ``napkin check``
+uses) forks a fresh process per certificate from a server that never ran any
+certificate's code: these tests poison, exit, crash and stall such processes
+and watch the other certificates, the checker and the exit status stay as
+they were.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import napkin.checker
+import rewrites.softmax_contraction as sc
+from napkin.certificate import derive
+from napkin.checker import check_certificate
+from napkin.isolate import check_paths
+from napkin.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+FLASH = [("group_partition", (), {"axis": "q", "size": "g_q"}),
+         ("stream_partition", (0,), {"axis": "x", "chunk": "s_x"})]
+SIZES, TILES = {"q": 4, "x": 8, "d": 2}, {"g_q": 2, "s_x": 4}
+BUILD = ("from napkin.library import get\n\n\n"
+         "def build(dtype='f32'):\n"
+         "    return get('attention').diagram(dtype)\n")
+# FlashAttention's accumulator without the rescale exp(mu - mu'): a wrong rule.
+WRONG_RULE = """\
+import rewrites.softmax_contraction as sc
+from napkin import ops
+
+
+def _update_without_rescale(self, graph, claim, axis, state, ins):
+    mu, z, o = state
+    x, others = ins[0], list(ins[1:])
+    mu2 = ops.maximum(mu, ops.max_(x, axis), as_="mu")
+    p = ops.exp(ops.sub(x, mu2), as_="p")
+    port = claim.data["port"]
+    pv = ops.contract(*others[:port], p, *others[port:], out=list(claim.data["out"]),
+                      name="sum p.v")
+    return [mu2, ops.add(z, ops.sum_(p, axis), as_="z"), ops.add(o, pv, as_="o")]
+
+
+sc.SoftmaxContraction.update = _update_without_rescale
+"""
+# ... and the checker's tolerances set to infinity, so that it "verifies" anything.
+BLIND_CHECKER = """\
+import math
+import napkin.checker
+napkin.checker.RTOL = math.inf
+for _k in getattr(napkin.checker, "DTYPE_RTOL", {}):
+    napkin.checker.DTYPE_RTOL[_k] = math.inf
+"""
+# Derive the wrong rule's certificate in a separate interpreter (deriving it
+# here would load the wrong rule into this process); there, also show what the
+# poison does to certificates checked after it in one process, with
+# check_certificate (the in-process API).
+DERIVE_WRONG = f"""
+import json, sys
+from pathlib import Path
+from napkin.certificate import derive
+from napkin.checker import check_certificate
+here = Path(sys.argv[1])
+cert = derive({{"from": "wrong.py:build"}}, {FLASH!r}, {SIZES!r}, {TILES!r}, base=here)
+cert.save(here / "wrong.json")
+verdicts = {{n: check_certificate(here / (n + ".json")).ok for n in ("poisoned", "wrong", "honest")}}
+print(json.dumps(verdicts))
+"""
+
+
+def _timeless(line: str) -> str:
+    return re.sub(r"\(\d+\.\d s\)", "(_ s)", line)
+
+
+def _from_certificate(folder: Path, name: str, code: str, *, after: bool = False) -> Path:
+    """A certificate of attention (no steps) built by ``name``.py:build, whose
+    file then gets ``code`` before (or ``after``) the builder -- derived first,
+    so that the code never runs here."""
+    (folder / f"{name}.py").write_text(BUILD)
+    cert = derive({"from": f"{name}.py:build"}, [], {"q": 3, "x": 4, "d": 2}, {}, base=folder)
+    cert.save(folder / f"{name}.json")
+    (folder / f"{name}.py").write_text(BUILD + "\n" + code if after else code + "\n" + BUILD)
+    return folder / f"{name}.json"
+
+
+@pytest.fixture(scope="module")
+def poisoned(tmp_path_factory):
+    """honest.json: attention, the FlashAttention chain.  poisoned.json: its
+    file installs the wrong rule and blinds the checker.  wrong.json: the
+    FlashAttention chain derived with the wrong rule (its file installs it)."""
+    here = tmp_path_factory.mktemp("poison")
+    derive("attention", FLASH, SIZES, TILES).save(here / "honest.json")
+    _from_certificate(here, "poisoned", WRONG_RULE + BLIND_CHECKER)
+    (here / "wrong.py").write_text(WRONG_RULE + BUILD)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT),
+                                                        os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-c", DERIVE_WRONG, str(here)], cwd=here, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    in_one_process = json.loads(proc.stdout.strip().splitlines()[-1])
+    return here, in_one_process
+
+
+def test_a_poisoned_certificate_cannot_change_the_others(poisoned):
+    here, in_one_process = poisoned
+    # Without isolation (one process, after poisoned.json): the wrong
+    # derivation verifies and the honest one fails -- the poison decided both.
+    assert in_one_process == {"poisoned": True, "wrong": True, "honest": False}
+    alone = check_certificate(here / "honest.json", name=str(here / "honest.json"))
+    assert alone.ok, str(alone)
+
+    update, rtol = sc.SoftmaxContraction.update, napkin.checker.RTOL
+    files = [here / "poisoned.json", here / "honest.json", here / "wrong.json"]
+    n_ok, n_fail, lines = check_paths(files)
+    by_name = {Path(line.split()[1].rstrip(":")).name: line for line in lines}
+    # the honest certificate, checked after the poisoned one: exactly as when alone
+    assert _timeless(by_name["honest.json"]) == _timeless(f"ok   {here / 'honest.json'}: {alone}")
+    # the wrong derivation, after it: the tolerance is still the checker's own
+    assert by_name["wrong.json"].startswith("FAIL"), by_name["wrong.json"]
+    assert "numeric check" in by_name["wrong.json"] and "step 2" in by_name["wrong.json"]
+    # the poisoned certificate's file decided its own verdict only (it is
+    # trusted code: that is what a from-certificate trusts)
+    assert (n_ok, n_fail) == (2, 1), lines
+    # ... and nothing of it reached this process
+    assert sc.SoftmaxContraction.update is update and napkin.checker.RTOL == rtol
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+    """Certificates of attention with no steps whose from-files end their
+    process in different ways, and an honest one (replayed only: fast)."""
+    here = tmp_path_factory.mktemp("quick")
+    derive("attention", [], {"q": 3, "x": 4, "d": 2}, {}).save(here / "z_honest.json")
+    return here
+
+
+def test_a_certificate_that_ends_its_process_is_a_failure_and_the_run_goes_on(quick, capsys):
+    exits = _from_certificate(quick, "exits", "import sys\nsys.exit(0)\n")
+    os_exit = _from_certificate(quick, "os_exit", "import os\nos._exit(0)\n")
+    killed = _from_certificate(quick, "killed",
+                               "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    late = _from_certificate(quick, "late_exit", "import os\n\n\ndef build(dtype='f32'):\n"
+                                                 "    os._exit(0)\n", after=True)
+    status = main(["check", "--no-numeric", str(exits), str(os_exit), str(killed), str(late),
+                   str(quick / "z_honest.json")])
+    out, err = capsys.readouterr()
+    lines = out.strip().splitlines()
+    assert status == 1, out + err
+    assert len(lines) == 6, out
+    assert lines[0].startswith(f"FAIL {exits}: ") and "SystemExit" in lines[0]
+    assert lines[1].startswith(f"FAIL {os_exit}: no verdict") and "exited with status 0" in lines[1]
+    assert lines[2].startswith(f"FAIL {killed}: no verdict") and "SIGKILL" in lines[2]
+    assert lines[3].startswith(f"FAIL {late}: no verdict") and "exited with status 0" in lines[3]
+    assert lines[4].startswith(f"ok   {quick / 'z_honest.json'}: verified")
+    assert lines[5] == "1 certificates verified, 4 failed"
+
+
+def test_a_certificate_past_its_time_limit_is_a_failure(quick, capsys):
+    pid_file = quick / "sleeper.pid"
+    sleeper = _from_certificate(quick, "sleeper", f"import os, time\nopen({str(pid_file)!r}, 'w')"
+                                                  f".write(str(os.getpid()))\ntime.sleep(120)\n")
+    t0 = time.monotonic()
+    status = main(["check", "--timeout", "1.5", "--no-numeric", str(sleeper)])
+    out, _ = capsys.readouterr()
+    assert time.monotonic() - t0 < 60
+    assert status == 1
+    line = out.strip().splitlines()[0]
+    assert line.startswith(f"FAIL {sleeper}: timed out") and "1.5 s" in line, line
+    assert out.strip().splitlines()[1] == "0 certificates verified, 1 failed"
+    pid = int(pid_file.read_text())
+    for _ in range(100):  # the stalled process was stopped
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail(f"process {pid} still runs")
