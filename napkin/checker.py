@@ -50,9 +50,12 @@ RTOL = 1e-9
 _FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
 
 
-class CheckFailure(Exception):
+class CheckFailure(NapkinError):
+    """A certificate does not verify: ``step`` (1-based; 0 the source, None the whole)."""
+
     def __init__(self, step, reason, rule=None, line=None):
-        super().__init__(reason)
+        where = "certificate" if step is None else "source" if step == 0 else f"step {step}"
+        super().__init__(line or f"{where}{f' ({rule})' if rule and step else ''}: {reason}")
         self.step, self.reason, self.rule, self.line = step, reason, rule, line
 
 
@@ -273,8 +276,15 @@ def _rel_error(got, want) -> float:
 
 
 # ----------------------------------------------------------------------------- the checker
-def _replay(cert: Certificate, src):
-    """Stages 0-2; returns (original, [program after each step])."""
+def replay(cert: Certificate, src=None):
+    """Stages 0-2: the algorithm rebuilt, every step re-checked and re-applied, every
+    fingerprint compared; returns (original, [program after each step]) or raises
+    :class:`CheckFailure`.  ``src``: the loaded algorithm (loaded here by default)."""
+    if src is None:
+        try:
+            src = load_algorithm(cert.algorithm, cert.origin)
+        except NapkinError as e:
+            raise CheckFailure(0, f"algorithm: {e}") from None
     try:
         original = src.build(cert.dtype)
     except NapkinError as e:
@@ -435,7 +445,7 @@ def check_certificate(cert, *, numeric: bool = True, name: str = "") -> CheckRep
             src = load_algorithm(cert.algorithm, cert.origin)
         except NapkinError as e:
             raise CheckFailure(0, f"algorithm: {e}") from None
-        original, programs = _replay(cert, src)
+        original, programs = replay(cert, src)
         if numeric:
             report.max_error, report.dtype_error = _numeric(cert, src, original, programs)
             report.dtype = narrowest(original)

@@ -86,15 +86,17 @@ def sizes_for(diagram, given: dict) -> dict:
     return out
 
 
-def replay(cert):
-    from napkin.certificate import load_algorithm
-    from rewrites import get_rule
-    from napkin.region import Site
-    program = load_algorithm(cert.algorithm, cert.origin).build(cert.dtype)
-    for st in cert.steps:
-        program = get_rule(st.rule).apply(program, st.site if isinstance(st.site, Site)
-                                          else Site.from_json(st.site), dict(st.params))
-    return program
+def replay(cert, path=None):
+    """The certificate's final program, replayed as the checker does (premises and
+    fingerprints; no numeric check): a tampered certificate is an error, not a
+    different program costed or lowered as if it were the certified one."""
+    from napkin.checker import CheckFailure, replay as replay_steps
+    try:
+        original, programs = replay_steps(cert)
+    except CheckFailure as e:
+        raise NapkinError(f"certificate{' ' + str(path) if path else ''} does not replay: {e} "
+                          f"(napkin check {path or 'CERTIFICATE'} tells more)") from None
+    return programs[-1] if programs else original
 
 
 # ----------------------------------------------------------------------------- rules
@@ -205,7 +207,7 @@ def _cost_to(args, plot, out) -> int:
     sizes = sizes_for(diagram, parse_sizes(args.size))
     hw = get_hardware(args.hardware).two_level()
     if cert is not None:
-        program, chain = replay(cert), [s.rule for s in cert.steps]
+        program, chain = replay(cert, args.algorithm), [s.rule for s in cert.steps]
     else:
         from napkin.search import search
         result = search(diagram, hw, sizes, args.dtype)
@@ -474,7 +476,7 @@ def _lower_to(args, emit, out) -> int:
     from napkin.lower import lower
     name, diagram, cert = load(args.algorithm, args.from_)
     if cert is not None:
-        program, tiles, sizes = replay(cert), dict(cert.tiles), dict(cert.sizes)
+        program, tiles, sizes = replay(cert, args.algorithm), dict(cert.tiles), dict(cert.sizes)
     else:
         sizes = sizes_for(diagram, parse_sizes(args.size))
         from napkin.search import search
@@ -623,7 +625,7 @@ def _pseudocode(args) -> int:
     hw = get_hardware(args.hardware)
     hw2 = hw.two_level() if args.levels == "two" else hw
     if cert is not None:
-        program, tiles, sizes = replay(cert), dict(cert.tiles), dict(cert.sizes)
+        program, tiles, sizes = replay(cert, args.algorithm), dict(cert.tiles), dict(cert.sizes)
     else:
         sizes = sizes_for(diagram, parse_sizes(args.size))
         from napkin.search import search

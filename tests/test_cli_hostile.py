@@ -22,6 +22,13 @@ def _certificate(**edits) -> str:
     return json.dumps(data)
 
 
+def _tampered() -> str:
+    """A certificate whose second step's chunk was edited after the fact."""
+    data = json.loads(_certificate())
+    data["steps"][1]["params"]["chunk"] = "t"
+    return json.dumps(data)
+
+
 @pytest.fixture
 def hostile(tmp_path, monkeypatch):
     """A folder of bad inputs, and the current directory for the command."""
@@ -32,6 +39,7 @@ def hostile(tmp_path, monkeypatch):
         "digits.json": '{"sizes": {"q": ' + "9" * 5000 + "}}",
         "huge_size.json": _certificate(sizes={"q": 10 ** 30}),
         "huge_tile.json": _certificate(tiles={"g_q": 2 ** 40}),
+        "tampered.json": _tampered(),
         "notes.txt": "x",
         "plain": "x",
         "exists.py": "# my kernel\n",
@@ -65,7 +73,8 @@ CERTIFICATE_ARGS = [(cmd, name, words) for cmd in ("lower", "cost", "pseudocode"
                                         ("latin.json", "UTF-8"),
                                         ("deep.json", "nested"),
                                         ("digits.json", "more than 4300 digits"),
-                                        ("dir.json", "is a directory"))]
+                                        ("dir.json", "is a directory"),
+                                        ("tampered.json", "does not replay|step 2"))]
 
 CASES = [
     # certificates given to `napkin check`
