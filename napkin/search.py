@@ -175,7 +175,13 @@ def moves(program, rules=None, refused: dict | None = None, levels=None):
         g = view(body_at(program, path))
         boxes = [g.nodes[n]["box"] for n in op_order(g)]
         for name, rule in rules.items():
-            for site, params in rule.candidates(program, path):
+            try:
+                proposed = list(rule.candidates(program, path))
+            except Exception as e:  # noqa: BLE001 - a rule that cannot propose is a refusal
+                if refused is not None:
+                    refused.setdefault((name, None), _why(e))
+                continue
+            for site, params in proposed:
                 if levels is not None and params.get("level", levels[-1]) not in levels:
                     continue  # a level this hierarchy does not have
                 if name in ("group_partition", "head_grouping"):

@@ -306,6 +306,19 @@ def test_a_rule_that_crashes_is_a_refusal_in_the_search(monkeypatch, fresh_memos
     assert "KeyError" in r.refused[("stream_partition", "x")]
 
 
+def test_a_rule_whose_proposals_crash_is_a_refusal_in_the_search(monkeypatch, fresh_memos):
+    from napkin.search import search
+    from rewrites.relabel_level import RelabelLevel
+
+    def broken(self, program, path=()):
+        raise IndexError("no proposals today")
+        yield
+    monkeypatch.setattr(RelabelLevel, "candidates", broken)
+    r = search(get("attention").diagram(), "h100", {"q": 1024, "x": 1024, "d": 64}, "bf16")
+    assert [m.rule for m in r.best.chain] == ["group_partition", "stream_partition"]
+    assert "IndexError: no proposals today" in r.refused[("relabel_level", None)]
+
+
 # ----------------------------------------------------------------------------- 7. dtypes
 @pytest.mark.parametrize("dtype", ["bf16", "f16", "f32", "f64"])
 def test_flash_attention_verifies_at_every_float_dtype(dtype):
