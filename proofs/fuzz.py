@@ -5,7 +5,8 @@ algorithm from the public primitives (napkin.ops) over axes whose names collide
 with the tiles rules like to introduce (``a`` and ``g_a``, ``x`` and ``s_x``),
 with symbolic or integer sizes.  :func:`random_chain` applies rule applications
 proposed by the rules' own ``candidates``, with the default tile names, integer
-tiles and names that clash with an axis, a size or another tile.  For every
+tiles and names that clash with an axis, a size or another tile.  Masks (causal,
+window, padding) and rows of zeros or −∞ give fully masked rows.  For every
 proposal, ``check`` passing means ``apply`` must succeed (:class:`Finding` kind
 ``apply``); every rewritten program is evaluated against its algorithm in
 float64 (:func:`compare`) at sizes that are ragged, prime or 1, on inputs with
@@ -192,6 +193,11 @@ def _random_op(ch, values, axes, steps):
         if kind == "softmax":
             steps.append(f"softmax_{axis}({x.name})")
             return ops.softmax(x, axis)
+        valid = [v for v in values if v is not x and set(v.type.names) <= set(x.type.names)]
+        if valid and ch.boolean(0.4):  # zeros in `valid` mask entries out: whole rows, at times
+            y = ch.choice(valid)
+            steps.append(f"pad({x.name}, {y.name})")
+            return ops.padding_mask(x, y)
         if len(x.type.names) < 2:
             return None
         q, k = ch.subset(x.type.names, 2, 2)
@@ -324,6 +330,8 @@ def random_inputs(diagram, sizes: dict, ch: Chooser, special: bool = True):
                 flat[ch.integer(0, flat.size - 1)] = ch.choice(SPECIAL)
             if x.ndim >= 2 and ch.boolean(0.3):  # a whole row of −∞ (a fully masked row)
                 x[ch.integer(0, x.shape[0] - 1)] = -math.inf
+        if x.size and ch.boolean(0.3):  # a row of zeros: what a padding mask reads as "masked"
+            x[ch.integer(0, x.shape[0] - 1) if x.ndim else ...] = 0.0
         xs.append(x)
     return xs
 
