@@ -58,6 +58,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--chains", type=int, default=10000, help="chains with at least one move")
     p.add_argument("--seed", type=int, default=0, help="first seed")
+    p.add_argument("--seeds", type=int, default=None,
+                   help="run exactly this many seeds (instead of --chains chains)")
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--batch", type=int, default=50, help="seeds per task")
     p.add_argument("--json", metavar="PATH", help="write the totals and every finding here")
@@ -80,7 +82,8 @@ def main(argv=None) -> int:
                                                                  next_seed + args.batch)),)))
             next_seed += args.batch
         for _ in range(2 * args.jobs):
-            submit()
+            if args.seeds is None or next_seed < args.seed + args.seeds:
+                submit()
         while pending:
             for r in pending.pop(0).get():
                 totals.update(seeds=1, chains=r["chain"], steps=r["steps"], refused=r["refused"])
@@ -88,7 +91,11 @@ def main(argv=None) -> int:
                 for f in r["findings"]:
                     kinds[f["kind"]] += 1
                     findings.append({"seed": r["seed"], **f})
-            if totals["chains"] < args.chains:
+                    print(f"  FINDING seed {r['seed']}: {f['kind']}: {f['detail']} — "
+                          f"{f.get('case', '')}"[:600], flush=True)
+            more = (next_seed < args.seed + args.seeds if args.seeds is not None
+                    else totals["chains"] < args.chains)
+            if more:
                 submit()
             done = totals["chains"]
             if done and done % 1000 < args.batch:

@@ -114,8 +114,11 @@ def random_algorithm(ch: Chooser, max_ops: int = 6) -> Algorithm:
         n_in = len(alg.diagram.dom.inside)
         chosen = ch.subset(range(n_in), 1, n_in)
         axis = Axis(free[0], free[0])
-        alg = Algorithm(weave(alg.diagram, axis, inputs=chosen), alg.axes,
-                        [*alg.description, f"woven over {axis.name} for inputs {chosen}"])
+        try:
+            alg = Algorithm(weave(alg.diagram, axis, inputs=chosen), alg.axes,
+                            [*alg.description, f"woven over {axis.name} for inputs {chosen}"])
+        except NapkinError:  # e.g. a padding mask whose validity alone gains the axis
+            pass
     return alg
 
 
