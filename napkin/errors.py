@@ -15,3 +15,8 @@ class ShapeError(NapkinError):
 
 class RuleError(NapkinError):
     """A rewrite rule does not apply; the message names the failed premise."""
+
+
+class GraphError(NapkinError):
+    """A diagram and its graph (napkin.ir) cannot be turned into one another:
+    names the box or wire at fault."""

@@ -29,6 +29,29 @@ from napkin.errors import NapkinError
 KiB = 1024
 MiB = 1024 * KiB
 
+# The memory levels programs and rules name, top to bottom.  A profile has some of them
+# (two_level keeps gmem and smem); a group at a level the profile lacks runs at the
+# deepest profile level not below it.
+CANONICAL_LEVELS = ("gmem", "l2", "smem", "registers")
+
+
+def resolve_level(names, name: str) -> int:
+    """Where a partition at level ``name`` runs on a profile with levels ``names``: that
+    level, or for a canonical level the profile lacks, the deepest profile level not below
+    it (a two-level profile puts registers-level groups at its on-chip level); an unknown
+    name, the deepest level."""
+    if name in names:
+        return names.index(name)
+    if name in CANONICAL_LEVELS:
+        want = CANONICAL_LEVELS.index(name)
+        best = None
+        for i, lv in enumerate(names):
+            if lv in CANONICAL_LEVELS and CANONICAL_LEVELS.index(lv) <= want:
+                best = i
+        if best is not None:
+            return best
+    return len(names) - 1
+
 # Storage size of one value; tf32 is computed at 19 bits but stored and moved as 32.
 DTYPE_BYTES: dict[str, int] = {
     "f64": 8, "f32": 4, "tf32": 4, "bf16": 2, "f16": 2,

@@ -583,7 +583,7 @@ def derive_config(program, hardware, tiles: Mapping, dtypes=None) -> DerivedConf
     every tile symbol; ``dtypes`` is the cost model's ``dtype`` argument.
     """
     from napkin.cost import cost
-    from napkin.cost.model import _num
+    from napkin.cost import value_at
 
     hw = get_hardware(hardware)
     c = cost(program, hw, dtypes)
@@ -616,7 +616,7 @@ def derive_config(program, hardware, tiles: Mapping, dtypes=None) -> DerivedConf
         axis = spec.axis
         cu = cost(spec.update, hw, dtypes)
         for unit, f in cu.flops_by_unit.items():
-            w = _num(f, {**sizes, **{str(s): v for s, v in sizes.items()}})
+            w = value_at(f, {**sizes, **{str(s): v for s, v in sizes.items()}})
             if w == 0:
                 continue
             if unit.startswith("tensor:"):

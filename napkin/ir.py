@@ -24,6 +24,7 @@ import networkx as nx
 from discopy import markov
 
 from napkin.diagram import BOXES, Copy, Diagram, Discard, Swap, layer, ty
+from napkin.errors import GraphError
 from napkin.memo import IdentityMemo
 
 
@@ -70,7 +71,8 @@ def to_graph(diagram: markov.Diagram) -> nx.DiGraph:
         elif isinstance(box, markov.Copy):  # Discard is Copy with n = 0
             outs = args * len(box.cod)
         elif isinstance(box, markov.Merge):
-            raise ValueError("merge boxes have no meaning on arrays")
+            raise GraphError(f"the diagram merges wires {box.dom} into {box.cod}: a merge has "
+                             "no meaning on arrays")
         else:
             outs = b.op(box, args)
         wires[offset:offset + n_in] = outs
@@ -125,7 +127,9 @@ class _Emitter:
         need = Counter(target)
         missing = [v for v in need if v not in self.wires]
         if missing:
-            raise ValueError(f"wiring: values {missing} are not live")
+            raise GraphError(f"cannot emit the graph as a diagram: "
+                             f"{', '.join(str(self.ob_of(v)) for v in missing)} is read but no "
+                             f"input or earlier op produces it")
         i = 0
         while i < len(self.wires):
             v, k = self.wires[i], need[self.wires[i]]
@@ -156,7 +160,8 @@ def to_diagram(graph: nx.DiGraph) -> Diagram:
         remaining.update(graph.nodes[n]["ins"])
     inputs = graph.graph["inputs"]
     if len(set(inputs)) != len(inputs):
-        raise ValueError("a graph input appears twice")
+        twice = next(v for v in inputs if inputs.count(v) > 1)
+        raise GraphError(f"cannot emit the graph as a diagram: input {obs(twice)} is listed twice")
     em = _Emitter(inputs, obs)
     for n in order:
         node = graph.nodes[n]
@@ -164,8 +169,8 @@ def to_diagram(graph: nx.DiGraph) -> Diagram:
         live = em.wires
         keep = [v for v in live if remaining[v] > 0]
         # Put the box where its first input already is, so that a chain of
-        # boxes over adjacent wires needs no swaps.
-        first = min((live.index(v) for v in node["ins"]), default=len(live))
+        # boxes over adjacent wires needs no swaps (wire_to names an input not live).
+        first = min((live.index(v) for v in node["ins"] if v in live), default=len(live))
         pos = sum(1 for v in keep if live.index(v) < first)
         em.wire_to(keep[:pos] + node["ins"] + keep[pos:])
         em.layer(pos, node["box"], len(node["ins"]), list(node["outs"]))

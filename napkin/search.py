@@ -15,7 +15,8 @@ the FLOPs at peak throughput, which no rewrite can beat — is below the best
 time found; states that do not fit yet are ordered by how far their boxes
 overflow the chip.  Limits on states and seconds are reported in the result when
 hit, never silently.  There is no algorithm-specific code here: every move comes
-from a rule's ``candidates``.
+from a rule's ``candidates``, and the search reads the traits a rule declares
+(:class:`rewrites.base.Rule`), never its name.
 
 Two moves that rewrite disjoint boxes commute; the second order is skipped when
 the first is checked to reach the same program (a partial-order reduction).
@@ -38,8 +39,7 @@ from napkin.canonical import canonical_hash, same_program
 from napkin.certificate import fingerprint
 from napkin.errors import NapkinError
 from napkin.ir import ops as op_order, view
-from napkin.cost import Grid, cost, optimize_tiles
-from napkin.cost.model import _num
+from napkin.cost import Grid, cost, optimize_tiles, value_at
 from napkin.hardware import DTYPE_BYTES, get_hardware
 from napkin.region import Site, body_at
 from rewrites import RULES
@@ -116,6 +116,7 @@ class SearchResult:
     lower_bound_s: float
     refused: dict = field(default_factory=dict)  # (rule, axis) -> why, at the algorithm itself
     commuted: int = 0  # moves not applied: their program is reached in the other order
+    hardware: object = None  # the profile as searched (its GMEM + SMEM view for levels="two")
 
     @property
     def first_fit_s(self) -> float:
@@ -167,9 +168,7 @@ def _grouped_axes(program, path) -> set[str]:
 def moves(program, rules=None, refused: dict | None = None, levels=None):
     """Every applicable rule application (premises checked).  ``refused``, if
     given, collects ``{(rule, axis): reason}`` for proposals whose premises fail."""
-    # head_grouping is group_partition at size 1, which the tile optimiser already
-    # reaches through g_k; proposing both would only duplicate states.
-    rules = rules or {k: v for k, v in RULES.items() if k != "head_grouping"}
+    rules = rules or {k: v for k, v in RULES.items() if v.subsumed_by is None}
     for path in _group_paths(program):
         taken = _grouped_axes(program, path)
         g = view(body_at(program, path))
@@ -184,7 +183,7 @@ def moves(program, rules=None, refused: dict | None = None, levels=None):
             for site, params in proposed:
                 if levels is not None and params.get("level", levels[-1]) not in levels:
                     continue  # a level this hierarchy does not have
-                if name in ("group_partition", "head_grouping"):
+                if rule.groups_axis:
                     if params.get("axis") in taken:
                         continue  # re-tiling a tiled axis at the same level: no new program
                     if not _canonical_nesting(program, path, site, params["axis"]):
@@ -296,14 +295,9 @@ class Evaluator:
         next_bw = self.hw.levels[1].bandwidth_bytes_per_s
         io = 0.0
         for ob in [*diagram.dom.inside, *diagram.cod.inside]:
-            io += _num(ob.type.numel, self.sizes) * self._bytes_per_value(ob)
-        compute = max([_num(e, self.sizes) for e in c.compute_times().values()] or [0.0])
+            io += value_at(ob.type.numel, self.sizes) * self._bytes_per_value(ob)
+        compute = max([value_at(e, self.sizes) for e in c.compute_times().values()] or [0.0])
         return max(io / next_bw, compute)
-
-
-# Moves that only refine where a program's arrays live, or tile inside a kernel that
-# already exists: the second phase of a search over the whole hierarchy.
-REFINEMENTS = ("relabel_level", "group_partition")
 
 
 def search(diagram, hardware="h100", sizes=None, dtype=None, *, max_states: int = 2000,
@@ -351,8 +345,8 @@ def _search(diagram, hardware, sizes, dtype, max_states, max_seconds, objective,
         ev = Evaluator(hardware, sizes or {}, dtype, objective, "all")
         ranked = sorted((s for s in coarse.states() if s.feasible), key=lambda s: s.time_s)
         seeds = [(s.program, s.chain) for s in ranked[:keep]] or [(diagram, ())]
-        fine = _best_first(seeds, ev, max_states, max_seconds, t0, only=REFINEMENTS,
-                           inside_kernels=True, algorithm=diagram, commute=commute)
+        fine = _best_first(seeds, ev, max_states, max_seconds, t0, refine=True,
+                           algorithm=diagram, commute=commute)
         fine.states_seen += coarse.states_seen
         fine.expanded += coarse.expanded
         fine.commuted += coarse.commuted
@@ -417,15 +411,21 @@ class _Run:
         best._report = ev
         return SearchResult(diagram, best, ranked, self.states_seen, self.expanded,
                             time.perf_counter() - t0, self.limit, self.graph, self.bound,
-                            self.refused, self.commuted)
+                            self.refused, self.commuted, ev.hw)
+
+
+def _refinements() -> dict:
+    """The rules of the second phase of a search over the whole hierarchy: those that
+    only move a program's arrays between levels, or tile inside a kernel that exists."""
+    return {k: r for k, r in RULES.items() if r.subsumed_by is None
+            and (r.relabels_levels or r.tiles_inside_kernels)}
 
 
 def _best_first(roots, ev: "Evaluator", max_states: int, max_seconds: float, t0: float,
-                only=None, inside_kernels: bool = False, algorithm=None,
-                commute: bool = True) -> _Run:
+                refine: bool = False, algorithm=None, commute: bool = True) -> _Run:
     """Best-first from ``roots`` (diagrams, or (program, chain) pairs) of ``algorithm``
-    (default: the first root).  ``only``: the rules allowed; ``inside_kernels``: only
-    sites inside an existing group."""
+    (default: the first root).  ``refine``: only the refinements (:func:`_refinements`),
+    each at sites inside an existing group unless it only relabels levels."""
     roots = [r if isinstance(r, tuple) else (r, ()) for r in roots]
     run = _Run(nx.DiGraph(), None, ev.lower_bound(algorithm or roots[0][0]))
     tie = itertools.count()
@@ -443,16 +443,15 @@ def _best_first(roots, ev: "Evaluator", max_states: int, max_seconds: float, t0:
         run.best = _better(run.best, state)
         heapq.heappush(frontier, (*_priority(state), next(tie), state))
     root_keys = set(run.graph.nodes)
-    rules = None if only is None else {k: RULES[k] for k in only}
+    rules = _refinements() if refine else None
     rank: dict = {}  # move ident -> a fixed total order (first seen, first ranked)
 
     def moves_of(state: State) -> list:
         if state.moves is None:
-            refused = run.refused if state.key in root_keys and only is None else None
+            refused = run.refused if state.key in root_keys and not refine else None
             state.moves = [mv for mv in moves(state.program, rules=rules, refused=refused,
                                               levels=ev.levels)
-                           if not (inside_kernels and not mv.site.path
-                                   and mv.rule != "relabel_level")]
+                           if not refine or mv.site.path or RULES[mv.rule].relabels_levels]
             for mv in state.moves:
                 rank.setdefault(mv.ident, len(rank))
         return state.moves
@@ -540,7 +539,7 @@ def _numel(t, values: dict) -> float:
     n = 1.0
     for a in t.axes:
         size = a.size
-        n *= size if isinstance(size, int) else values.get(str(size)) or _num(size, values)
+        n *= size if isinstance(size, int) else values.get(str(size)) or value_at(size, values)
     return n
 
 

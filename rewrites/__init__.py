@@ -1,8 +1,8 @@
 """The rule library: one module per rule, each naming the proof that backs it.
 
 ``RULES`` are rewrites (check/apply at a site); ``STREAMABILITY`` are the
-accumulators the stream partition recognises, tried in this order (compound
-patterns first, so softmax·contraction is claimed before the plain sum).
+accumulators the stream partition recognises (it offers boxes to the rules with
+the largest claims first: ``Streamability.boxes_per_claim``).
 """
 from rewrites.base import Claim, Rule, Streamability
 from rewrites.group_partition import GroupPartition

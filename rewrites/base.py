@@ -38,6 +38,15 @@ class Rule:
     name: str = ""
     summary: str = ""
     proof: str = ""
+    # Traits the search (napkin.search) reads, so that it never names a rule:
+    # wraps its site in a group over params["axis"] (the search's symmetry reductions apply)
+    groups_axis: bool = False
+    # only moves arrays to another memory level: kernels and the function stay as they are
+    relabels_levels: bool = False
+    # may tile inside a kernel that exists (refining a structure already found)
+    tiles_inside_kernels: bool = False
+    # the name of a rule whose moves already reach every program this one's would
+    subsumed_by: str | None = None
 
     def check(self, program, site: Site, params: dict) -> None:
         raise NotImplementedError
@@ -65,6 +74,10 @@ class Streamability:
     name: str = ""
     summary: str = ""
     proof: str = ""
+    # How many boxes one claim takes: the stream partition offers a region's boxes to the
+    # largest claims first, so a compound pattern (softmax·contraction) takes its boxes
+    # before a rule for one of them (a plain contraction) can.
+    boxes_per_claim: int = 1
 
     def claims(self, graph, nodes: list[int], axis: str) -> list[Claim]:
         raise NotImplementedError

@@ -15,6 +15,7 @@ from __future__ import annotations
 from discopy import markov
 
 from napkin.errors import RuleError
+from napkin.hardware import CANONICAL_LEVELS
 from napkin.ir import ops as op_order, to_diagram, view
 from napkin.memo import IdentityMemo
 from napkin.op import make_op
@@ -22,9 +23,6 @@ from napkin.region import Site, body_at, region, region_diagram, replace_at, spl
 from napkin.streamed import Group
 from rewrites import tiles
 from rewrites.base import Rule, replacement
-
-LEVELS = ("gmem", "l2", "smem", "registers")
-
 
 _MIXING = IdentityMemo()
 
@@ -68,12 +66,13 @@ def nested_groups(box):
 def nesting_reason(boxes, axis: str, level: str) -> str | None:
     """Why a group over ``axis`` at ``level`` cannot hold ``boxes`` (None when it can):
     nesting goes down the hierarchy, and re-tiling an axis needs a higher level."""
+    depth = CANONICAL_LEVELS.index
     for box in boxes:
         for inner in nested_groups(box):
-            if LEVELS.index(inner.level) < LEVELS.index(level):
+            if depth(inner.level) < depth(level):
                 return (f"{box.name} holds a group over {inner.axis} at {inner.level}, above "
                         f"{level} (groups nest down the memory hierarchy)")
-            if inner.axis == axis and LEVELS.index(level) >= LEVELS.index(inner.level):
+            if inner.axis == axis and depth(level) >= depth(inner.level):
                 return (f"{box.name} already groups {axis} at {inner.level} "
                         f"(regroup only at a higher level)")
     return None
@@ -83,14 +82,17 @@ class GroupPartition(Rule):
     name = "group_partition"
     summary = "tile a woven axis: run the region once per group of g entries at a lower level"
     proof = "proofs.group_partition"
+    groups_axis = True
+    tiles_inside_kernels = True
 
     def _region(self, program, site, params):
         axis = params.get("axis")
         if not isinstance(axis, str):
             raise RuleError("group_partition needs a parameter axis (an axis name)")
         level = params.get("level", "smem")
-        if level not in LEVELS:
-            raise RuleError(f"group_partition: unknown level {level!r}; known: {', '.join(LEVELS)}")
+        if level not in CANONICAL_LEVELS:
+            raise RuleError(f"group_partition: unknown level {level!r}; "
+                            f"known: {', '.join(CANONICAL_LEVELS)}")
         body = body_at(program, site.path)
         graph = view(body)
         reg = region(graph, site.ops)

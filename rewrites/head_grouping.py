@@ -21,6 +21,10 @@ class HeadGrouping(Rule):
     name = "head_grouping"
     summary = "GQA/MQA: group the KV-head axis so the r query heads sharing it stay together"
     proof = "proofs.group_partition"
+    groups_axis = True
+    # a group partition of size 1, which the tile optimiser already reaches through the
+    # group size of group_partition: searching both would only duplicate states
+    subsumed_by = "group_partition"
 
     def shared_axes(self, program, site, axis):
         g = view(body_at(program, site.path))

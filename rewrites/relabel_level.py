@@ -10,18 +10,20 @@ from __future__ import annotations
 from discopy import markov
 
 from napkin.errors import RuleError
+from napkin.hardware import CANONICAL_LEVELS
 from napkin.ir import ops as op_order, to_diagram, to_graph, view
 from napkin.op import make_op
 from napkin.region import Site, body_at, replace_at
 from napkin.streamed import Group
 from rewrites.base import Rule
-from rewrites.group_partition import LEVELS, nesting_reason
+from rewrites.group_partition import nesting_reason
 
 
 class RelabelLevel(Rule):
     name = "relabel_level"
     summary = "move a group's arrays to a lower memory level (the meaning is unchanged)"
     proof = "proofs.relabel_level"
+    relabels_levels = True
 
     def _find(self, program, site, params, graph_of=view):
         g = graph_of(body_at(program, site.path))
@@ -33,9 +35,10 @@ class RelabelLevel(Rule):
         if spec.kind != "group":
             raise RuleError(f"relabel_level: {g.nodes[n]['box'].name} is not a group")
         level = params.get("level")
-        if level not in LEVELS:
-            raise RuleError(f"relabel_level: unknown level {level!r}; known: {', '.join(LEVELS)}")
-        if LEVELS.index(level) <= LEVELS.index(spec.level):
+        if level not in CANONICAL_LEVELS:
+            raise RuleError(f"relabel_level: unknown level {level!r}; "
+                            f"known: {', '.join(CANONICAL_LEVELS)}")
+        if CANONICAL_LEVELS.index(level) <= CANONICAL_LEVELS.index(spec.level):
             raise RuleError(f"relabel_level: {level} is not below the group's level {spec.level}")
         why = nesting_reason([b for b in spec.body.boxes if getattr(b, "data", None) is not None],
                              spec.axis, level)
@@ -60,5 +63,5 @@ class RelabelLevel(Rule):
         for i, n in enumerate(op_order(g)):
             spec = g.nodes[n]["box"].data
             if spec.kind == "group":
-                for level in LEVELS[LEVELS.index(spec.level) + 1:]:
+                for level in CANONICAL_LEVELS[CANONICAL_LEVELS.index(spec.level) + 1:]:
                     yield Site(tuple(path), (i,)), {"level": level}

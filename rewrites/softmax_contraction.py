@@ -21,6 +21,7 @@ class SoftmaxContraction(Streamability):
     name = "softmax_contraction"
     summary = "softmax over the axis contracted over it: (μ, z, o) with rescale exp(μ − μ′)"
     proof = "proofs.softmax_contraction"
+    boxes_per_claim = 2  # the softmax and the contraction: before sum_contraction takes the latter
 
     def claims(self, graph, nodes, axis):
         out, pool = [], set(nodes)

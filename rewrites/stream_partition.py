@@ -40,8 +40,10 @@ from rewrites.group_partition import mixing_reason
 
 
 def streamability_rules():
+    """The accumulators in the order they claim boxes: the largest claims first, then by
+    name (a fixed order: the stream's state, and so its fingerprint, follows it)."""
     from rewrites import STREAMABILITY
-    return STREAMABILITY
+    return sorted(STREAMABILITY, key=lambda rule: (-rule.boxes_per_claim, rule.name))
 
 
 def analyse(graph, reg, axis):

@@ -151,3 +151,30 @@ def test_long_chain_round_trip(n):
         want = np.tanh(want) + xs
     np.testing.assert_allclose(evaluate(d)(xs), want, rtol=1e-12)
     np.testing.assert_allclose(evaluate(d2)(xs), want, rtol=1e-12)
+
+
+def test_malformed_graphs_are_one_line_graph_errors():
+    """What cannot be emitted is a GraphError naming the wire, not a ValueError from inside."""
+    from discopy import markov
+
+    from napkin.arrays import ArrayOb
+    from napkin.errors import GraphError, NapkinError
+    from napkin.ir import GraphBuilder
+
+    x = Axis("x", "x")
+    b = GraphBuilder()
+    v = b.input(ArrayOb("X", ArrayType((x,))))
+    g = b.finish([v])
+    g.graph["inputs"] = [v, v]
+    with pytest.raises(GraphError, match=r"input X\[x\] is listed twice"):
+        to_diagram(g)
+    b = GraphBuilder()
+    v = b.input(ArrayOb("X", ArrayType((x,))))
+    stray = b.value(ArrayOb("Y", ArrayType((x,))))  # produced by no op, not an input
+    with pytest.raises(GraphError, match="Y"):
+        to_diagram(b.finish([v, stray]))
+    ob = ArrayOb("X", ArrayType((x,)))
+    merge = markov.Merge(markov.Ty(ob), 2)
+    with pytest.raises(GraphError, match="merge"):
+        to_graph(merge)
+    assert issubclass(GraphError, NapkinError)

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import sympy
 
-from napkin.cost.model import Cost, CostError, _num, _sym_subs, bytes_per_value, cost as cost_of
+from napkin.cost.model import (Cost, CostError, _sym_subs, bytes_per_value, cost as cost_of,
+                               value_at)
 
 M_SYM = sympy.Symbol("M", positive=True)
 ZERO = sympy.Integer(0)
@@ -49,7 +50,7 @@ class Canonical:
             row = {"alpha_expr": str(a), "beta": str(b), "beta_value": float(b)}
             if sizes is not None:
                 try:
-                    row["alpha"] = _num(a, sizes)
+                    row["alpha"] = value_at(a, sizes)
                 except CostError:
                     pass
             out.append(row)
@@ -256,13 +257,13 @@ class Grid:
             for t in free:
                 if t.name not in upper:
                     try:
-                        upper[t.name] = _num(c.tiles[t].full, {**sizes, **upper})
+                        upper[t.name] = value_at(c.tiles[t].full, {**sizes, **upper})
                     except CostError:
                         pass
         for t in free:
             info = c.tiles[t]
             if t.name not in upper:
-                _num(info.full, {**sizes, **upper})  # raises: names the missing size
+                value_at(info.full, {**sizes, **upper})  # raises: names the missing size
             m = math.lcm(info.multiple, int((multiples or {}).get(t.name, 1)))
             self.mult[t.name] = m
             self.cands[t.name] = candidates(upper[t.name], m, power_of_two)
@@ -434,7 +435,7 @@ def _continuous(c: Cost, out: Tiles, sizes, level, cap_bytes, mult):
 
     def used(lam):
         p = point(lam)
-        return max(_num(e, p) for e in mem_b)
+        return max(value_at(e, p) for e in mem_b)
     if ray and any(e is not None for e in ray.values()):
         lo, hi = 1e-12, 1.0
         while used(hi) < cap_bytes and hi < 1e30:
@@ -446,11 +447,11 @@ def _continuous(c: Cost, out: Tiles, sizes, level, cap_bytes, mult):
                 break
         p = point(lo)
         out.continuous = {t.name: p[t.name] for t in ray}
-        out.transfers_continuous = _num(c.transfers[level], p)
+        out.transfers_continuous = value_at(c.transfers[level], p)
     lb = lower_bound(c, M_SYM)
     out.lower_bound_expr = lb
     try:
-        lbv = _num(lb.subs(M_SYM, out.capacity_values), sizes)
+        lbv = value_at(lb.subs(M_SYM, out.capacity_values), sizes)
     except CostError:
         return
     out.lower_bound = lbv

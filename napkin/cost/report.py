@@ -6,12 +6,12 @@ from collections.abc import Mapping
 
 import sympy
 
-from napkin.cost.model import Cost, CostError, _num, cost as cost_of
+from napkin.cost.model import Cost, CostError, cost as cost_of, value_at
 
 
 def _n(expr, sizes):
     try:
-        return _num(expr, sizes)
+        return value_at(expr, sizes)
     except CostError:
         return None
 
