@@ -48,14 +48,6 @@ TEXTPAD = (0.07, 0.05)   # wire label offset from its wire, in layout units
 GAP = 0.3                # layout units kept between a widened box and the next wire
 WIRE_COLOR = "#1f4e9a"
 
-# Box fill by primitive kind (Op.data.kind); anything else is white.
-KIND_COLORS = {
-    "contract": "#d6e6f7",
-    "reduce": "#fbe0c4", "softmax": "#fbe0c4",
-    "map": "#eeeeee", "zip": "#eeeeee",
-    "mask": "#f5d3d3",
-    "cast": "#dcefd2", "fill": "#dcefd2",
-}
 
 
 # ----------------------------------------------------------------------------- labels
@@ -150,8 +142,8 @@ class _Layout:
                 continue
             name = pretty(box.drawing_name)
             orig = diagram.boxes[j] if j < len(diagram.boxes) else None
-            kind = getattr(getattr(orig, "data", None), "kind", None)
-            self.colors[j] = KIND_COLORS.get(kind, "#ffffff")
+            # the fill its primitive declares; boxes without one (copies, swaps) are white
+            self.colors[j] = getattr(getattr(orig, "data", None), "colour", "#ffffff")
             (x0, y0), (x1, y1) = (pos[Node(f"box-corner-{c}", j=j)] for c in ("00", "11"))
             cx, cy = pos[Node("box", j=j, box=box)]
             text_w = _text_width(name, BOX_FONT) + 0.16

@@ -37,6 +37,7 @@ from matplotlib.path import Path as MPath  # noqa: E402
 
 from napkin import drawing as _d  # noqa: E402
 from napkin.diagram import Box  # noqa: E402
+from napkin.hardware import CANONICAL_LEVELS, resolve_level  # noqa: E402
 from napkin.ir import GraphBuilder, ops as op_order, to_graph  # noqa: E402
 
 __all__ = ["LEVEL_COLORS", "draw_before_after", "draw_streamed", "flatten"]
@@ -49,7 +50,6 @@ LEVEL_COLORS = {
 }
 FRAME_FILL = {"gmem": "#eef3fb", "l2": "#f4eefa", "smem": "#edf8f0", "registers": "#fdf1e6"}
 SECTION_FILL = {"init": "#fafafa", "update": "#fffbe6", "finalize": "#fafafa"}
-_CANONICAL = ("gmem", "l2", "smem", "registers")
 WIRING_HEIGHT = 0.55     # layout units of a layer of copies/swaps (a box layer is 1)
 MARKER_HEIGHT = 0.7
 
@@ -118,19 +118,13 @@ class _Flattener:
         self.frames: list[Frame] = []
         self.tiles = {str(k): v for k, v in dict(tiles or {}).items()}
         self.hw = hardware
-        self.level_names = tuple(lv.name for lv in hardware.levels) if hardware else _CANONICAL
+        self.level_names = (tuple(lv.name for lv in hardware.levels) if hardware
+                            else CANONICAL_LEVELS)
 
     def level_of(self, name: str) -> str:
-        if name in self.level_names:
-            return name
-        if name in _CANONICAL:  # the deepest profile level not below it (as the cost model)
-            want = _CANONICAL.index(name)
-            best = self.level_names[-1]
-            for lv in self.level_names:
-                if lv in _CANONICAL and _CANONICAL.index(lv) <= want:
-                    best = lv
-            return best
-        return name
+        if name not in self.level_names and name not in CANONICAL_LEVELS:
+            return name  # a level of its own: drawn as named
+        return self.level_names[resolve_level(self.level_names, name)]
 
     def ob(self, src_ob, level):
         return WireOb(_label(src_ob.name, src_ob.type, self.tiles), level)
@@ -561,7 +555,7 @@ def draw_streamed(program, path, hardware=None, tiles=None, *, title: str | None
 
 def flatten_levels(hardware) -> tuple:
     if hardware is None:
-        return _CANONICAL
+        return CANONICAL_LEVELS
     from napkin.hardware import get_hardware
     return tuple(lv.name for lv in get_hardware(hardware).levels)
 

@@ -7,7 +7,15 @@ with four faces, used by every functor in the system:
 * ``evaluate(ctx, ins, *arrays)`` – the JAX meaning (named axes, any extra
   woven axes: everything is written against axis *names*, so weaving is free);
 * ``flops(ins, outs)`` – a sympy count;
-* ``label()`` – the box's name in drawings and messages.
+* ``label()`` – the box's name in drawings and messages;
+
+and the facts the schedule, the pseudocode, the drawing and the lowering need, declared
+here once rather than kept as tables keyed on ``kind`` in each of them:
+``elementwise`` (acts entry by entry: fusable, may write in place), ``commutative``,
+``transcendental`` (runs on the special-function unit), ``unit(ins, outs)`` (which unit
+its FLOPs run on), ``neutral(axis)`` (the value that leaves a reduction over ``axis``
+unchanged: what a masked tail is padded with), ``absorbs(tag, port, ins, axis)`` (how a
+mask's fill travels through it, for tile skipping), ``infix`` and ``colour`` (printing).
 
 Axis roles are not declared per primitive: they follow from the types.  An axis
 in the output is *woven*; an input axis missing from every output is *reduced*;
@@ -114,6 +122,38 @@ class Spec:
     """Base of all primitive specs (frozen dataclasses)."""
     kind: ClassVar[str]
     n_in: ClassVar[int | None] = 1
+    elementwise: ClassVar[bool] = False
+    colour: ClassVar[str] = "#ffffff"      # box fill in drawings
+
+    # -- declared facts (see the module doc) -----------------------------------------------
+    @property
+    def commutative(self) -> bool:
+        return False
+
+    @property
+    def transcendental(self) -> bool:
+        return False
+
+    @property
+    def infix(self) -> tuple[str, int] | None:
+        """(operator, precedence) when printed as ``a op b``."""
+        return None
+
+    def unit(self, ins, outs) -> str:
+        """Where the FLOPs run: "tensor" (a matrix product), "sfu" or "vector"."""
+        return "sfu" if self.transcendental else "vector"
+
+    def neutral(self, axis: str) -> float | None:
+        """The entry that leaves this box's reduction over ``axis`` unchanged (None: it
+        does not reduce the axis, or no padding value would do)."""
+        return None
+
+    def absorbs(self, tag: str, port: int, ins, axis: str) -> str | None:
+        """What a masked entry becomes after this box, read on input ``port``: "NEG" (about
+        the mask's fill, a huge negative), "ZERO" (exactly 0), "ABSORBED" (reduced away
+        without a trace), or None (it leaks: skipping masked chunks would change the
+        result)."""
+        return None
 
     def infer(self, ins: tuple[ArrayType, ...]) -> tuple[ArrayType, ...]:
         raise NotImplementedError
@@ -176,6 +216,19 @@ class Contract(Spec):
     def woven(self, axis):
         return self if axis in self.out else Contract((axis, *self.out))
 
+    colour = "#d6e6f7"
+
+    def unit(self, ins, outs) -> str:
+        return "tensor" if matmul_axes(ins, outs)[0] else "vector"
+
+    def neutral(self, axis):
+        return None if axis in self.out else 0.0
+
+    def absorbs(self, tag, port, ins, axis):
+        if tag != "ZERO":
+            return None
+        return "ABSORBED" if axis not in self.out else "ZERO"
+
     def flops(self, ins, outs):
         # n-ary product of every index combination: (n-1) multiplies + 1 add.
         allaxes = merge_axes(ins, "contract")
@@ -183,6 +236,21 @@ class Contract(Spec):
 
     def label(self):
         return f"contract->{''.join(self.out) if all(len(n) == 1 for n in self.out) else ','.join(self.out)}"
+
+
+def matmul_axes(ins, outs) -> tuple[bool, list, list, tuple]:
+    """Whether a contraction is a matrix product — two inputs, each with an output axis of
+    its own, and a summed axis (tensor cores run those) — with its m axes (output axes of
+    the first input), n axes (of the second only) and the summed axes."""
+    allaxes = merge_axes(ins, "contract")
+    out_names = {n for o in outs for n in o.names}
+    reduced = tuple(n for n in allaxes if n not in out_names)
+    m_ax = n_ax = []
+    if len(ins) == 2:
+        m_ax = [n for n in ins[0].names if n in out_names]
+        n_ax = [n for n in ins[1].names if n in out_names and n not in ins[0].names]
+    mm = bool(reduced and n_ax and any(n not in ins[1].names for n in m_ax))
+    return mm, m_ax, n_ax, reduced
 
 
 # --------------------------------------------------------------------------- elementwise
@@ -225,6 +293,18 @@ class Map(Spec):
             raise NapkinError(f"unknown elementwise function {self.fn!r}; known: "
                               f"{', '.join(sorted(UNARY) + sorted(PARAM_UNARY))}")
 
+    elementwise = True
+    colour = "#eeeeee"
+
+    @property
+    def transcendental(self):
+        return self.fn in TRANSCENDENTAL
+
+    def absorbs(self, tag, port, ins, axis):
+        if self.fn == "id" or (self.fn == "scale" and sympy.sympify(self.param).is_positive):
+            return tag
+        return "ZERO" if self.fn == "exp" and tag == "NEG" else None
+
     def infer(self, ins):
         self.check_arity(ins)
         return (ins[0],)
@@ -260,6 +340,24 @@ class Zip(Spec):
         if self.fn not in BINARY:
             raise NapkinError(f"unknown binary function {self.fn!r}; known: {', '.join(BINARY)}")
 
+    elementwise = True
+    colour = "#eeeeee"
+
+    @property
+    def commutative(self):
+        return self.fn in ("add", "mul", "max", "min")
+
+    @property
+    def infix(self):
+        return {"add": ("+", 1), "sub": ("-", 1), "mul": ("*", 2), "div": ("/", 2)}.get(self.fn)
+
+    def absorbs(self, tag, port, ins, axis):
+        other = ins[1 - port]
+        if tag == "NEG" and not other.has(axis) and \
+                ((self.fn in ("sub", "add") and port == 0) or (self.fn == "add" and port == 1)):
+            return "NEG"  # shifted by a value constant along the axis: still about the fill
+        return "ZERO" if tag == "ZERO" and self.fn == "mul" else None
+
     def infer(self, ins):
         self.check_arity(ins)
         seen = merge_axes(ins, self.fn)
@@ -288,6 +386,19 @@ class Reduce(Spec):
         if self.fn not in REDUCERS:
             raise NapkinError(f"unknown reduction {self.fn!r}; known: {', '.join(REDUCERS)}")
 
+    colour = "#fbe0c4"
+
+    def neutral(self, axis):
+        if axis != self.axis:
+            return None
+        return {"sum": 0.0, "max": float("-inf"), "logsumexp": float("-inf")}.get(self.fn)
+
+    def absorbs(self, tag, port, ins, axis):
+        if self.axis == axis and ((tag == "NEG" and self.fn in ("max", "logsumexp"))
+                                  or (tag == "ZERO" and self.fn == "sum")):
+            return "ABSORBED"
+        return None
+
     def infer(self, ins):
         self.check_arity(ins)
         ins[0].axis(self.axis)
@@ -307,6 +418,10 @@ class Reduce(Spec):
 class Softmax(Spec):
     axis: str
     kind: ClassVar[str] = "softmax"
+    colour = "#fbe0c4"
+
+    def neutral(self, axis):
+        return float("-inf") if axis == self.axis else None
 
     def infer(self, ins):
         self.check_arity(ins)
@@ -350,6 +465,12 @@ class Mask(Spec):
             raise NapkinError(f"unknown mask {self.kind_!r}; known: causal, window, padding")
         if self.kind_ == "window" and (not isinstance(self.width, int) or self.width <= 0):
             raise NapkinError(f"a window mask needs a positive integer width, got {self.width!r}")
+
+    elementwise = True
+    colour = "#f5d3d3"
+
+    def absorbs(self, tag, port, ins, axis):
+        return "NEG" if tag == "NEG" and port == 0 else None
 
     @property
     def n_in(self):
@@ -397,6 +518,11 @@ class Mask(Spec):
 class Cast(Spec):
     dtype: str
     kind: ClassVar[str] = "cast"
+    elementwise = True
+    colour = "#dcefd2"
+
+    def absorbs(self, tag, port, ins, axis):
+        return tag
 
     def __post_init__(self):
         object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
@@ -437,6 +563,7 @@ class Fill(Spec):
     value: float
     type: ArrayType
     kind: ClassVar[str] = "fill"
+    colour = "#dcefd2"
     n_in: ClassVar[int] = 0
 
     def infer(self, ins):

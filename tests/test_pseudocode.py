@@ -112,7 +112,7 @@ def _parse(text):
 def test_printed_text_adds_up_to_the_cost_model(name):
     P = program(name)
     text = pseudocode(P, H100_2, SIZES, None, "bf16", title=name)
-    assert "DIFFERS" not in text and "matches napkin.cost" in text
+    assert "napkin.cost folds this same schedule" in text
     want = cost(P, H100_2, "bf16").evaluate(SIZES)["transfers"]["smem"]
     assert _parse(text) == pytest.approx(want)
 
@@ -138,7 +138,10 @@ def test_attention_listing_reads_like_the_paper():
     # the group's peak SMEM (113 KiB: 112.75 and the shift's 256 B) is printed and matches
     # napkin.cost
     assert "= 113 KiB" in text
-    assert text.count("matches napkin.cost") == 4
+    # the totals are napkin.cost's, level by level
+    c = cost(program("attention"), "h100", "bf16").evaluate({"q": 4096, "x": 4096, "d": 128,
+                                                            "g_q": 128, "s_x": 64})
+    assert f"smem       transfers {int(c['transfers']['smem']):,} values" in text
 
 
 def test_nested_levels_slice_staged_copies():
@@ -147,13 +150,12 @@ def test_nested_levels_slice_staged_copies():
     assert "load Q_l2[q1:q1+w_q, :] -> Q_blk" in text       # from the staged copy
     assert "load K_l2[x0:x0+s_x, :] -> K_blk" in text
     assert "store O_blk -> O[q0+q1:q0+q1+w_q, :]" in text    # straight to GMEM
-    assert "DIFFERS" not in text
 
 
 def test_markdown_and_symbolic():
     md = pseudocode(program("matmul"), H100_2, fmt="markdown", title="matmul")
     assert md.startswith("### matmul") and "```python" in md
-    assert "| smem |" in md and "matches napkin.cost" in md
+    assert "| smem |" in md and "napkin.cost folds this same schedule" in md
     assert "acc_C' = acc_C + einsum('ab,bc->ac', A_blk, B_blk)" in md
     assert "a*b*c/g_c + a*b*c/g_a + a*c" in md.replace(" ", "") or "a*b*c/g_a" in md
     with pytest.raises(NapkinError, match="format"):
@@ -165,6 +167,5 @@ def test_accepts_search_tiles():
     r = search(get("matmul").diagram("bf16"), "h100", {"a": 1024, "b": 1024, "c": 1024},
                "bf16", max_seconds=20)
     text = pseudocode(r.best.program, "h100", {"a": 1024, "b": 1024, "c": 1024}, r.best.tiles)
-    assert "DIFFERS" not in text
     for k, v in r.best.tiles.values.items():
         assert f"{k}={v}" in text.splitlines()[0]

@@ -1,5 +1,8 @@
 """The cost model: transfers, memory, FLOPs and time of streamed programs, in sympy.
 
+The model is a fold over the program's schedule (:mod:`napkin.schedule`, the one walk that
+decides what moves where and what is live when); ``Cost.schedule`` is that schedule.
+
     c = cost(program, "h100", dtype="f16")      # symbolic in axis and tile sizes
     c.transfers["smem"]   -> a*b*c/g_a + a*b*c/g_c + a*c        (values; c.transfers_bytes too)
     c.memory["smem"]      -> g_a*g_c + g_a*s_b + g_c*s_b        (peak values per instance)
@@ -79,7 +82,7 @@ from napkin.cost.bounds import (
     lower_bound, multilevel_time, multilevel_transfers, pooled_transfers, quantisation_factor,
     quantised,
 )
-from napkin.cost.model import Cost, CostError, TileInfo, bytes_per_value, cost
+from napkin.cost.model import Cost, CostError, TileInfo, bytes_per_value, cost, value_at
 from napkin.cost.optimize import (
     M_SYM, Canonical, Grid, Tiles, canonical_form, candidates, optimize_tiles, optimum_curve,
 )
@@ -90,5 +93,5 @@ __all__ = [
     "H800_GMEM_SMEM_BYTES_PER_S", "M_SYM", "TileInfo", "Tiles", "bytes_per_value",
     "candidates", "canonical_form", "cost", "cost_json", "cross_transfer_saving", "crossover",
     "lower_bound", "multilevel_time", "multilevel_transfers", "optimize_tiles", "optimum_curve",
-    "plot_cost", "pooled_transfers", "quantisation_factor", "quantised",
+    "plot_cost", "pooled_transfers", "quantisation_factor", "quantised", "value_at",
 ]

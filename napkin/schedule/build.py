@@ -1,0 +1,514 @@
+"""Building the schedule: the one walk over a streamed program.
+
+The walk decides, once, everything the cost model, the pseudocode and (in time) the
+lowering read: where every array lives, when it is loaded and stored, which intermediates are
+fused into the box that reads them, which elementwise box writes over an input that dies
+there, what each body holds when.  The conventions are those of ``napkin.cost`` (its module
+doc): data moves as late as possible, a value enters a group as a view of its home level and
+is loaded where a box reads it, outputs are stored when produced, a stream's state stays on
+chip, a box outside every group is a kernel of its own at SMEM.
+"""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Mapping
+
+import sympy
+
+from napkin.arrays import canonical_dtype
+from napkin.errors import NapkinError
+from napkin.hardware import DTYPE_BYTES, Hardware, get_hardware, resolve_level
+from napkin.ir import ops as op_order, view
+from napkin.memo import IdentityMemo
+from napkin.primitives import matmul_axes, merge_axes
+from napkin.schedule.nest import (
+    ONE, ZERO, Assign, Buffer, ContractionRecord, Loop, Move, Schedule, Step, TileInfo, nonneg,
+)
+
+_EXTRA_BYTES = {"int32": 4, "bool": 1}
+_SUFFIX = {"smem": "_blk", "registers": "_reg", "l2": "_l2"}
+_KERNELS = IdentityMemo(20000)  # a kernel's own nest, shared by every program that holds it
+
+
+class ScheduleError(NapkinError):
+    """A program cannot be scheduled on a profile (one-line message)."""
+
+
+def bytes_per_value(dtype: str) -> int:
+    if dtype in DTYPE_BYTES:
+        return DTYPE_BYTES[dtype]
+    d = canonical_dtype(dtype)
+    return DTYPE_BYTES.get(d) or _EXTRA_BYTES[d]
+
+
+class _Builder:
+    def __init__(self, hw: Hardware, dtype, intermediates: bool, loops=None):
+        self.hw, self.dtype, self.intermediates = hw, dtype, intermediates
+        self.names = tuple(lv.name for lv in hw.levels)
+        self.tiles: dict = {}
+        self.multiples: dict = defaultdict(dict)
+        self.contractions: list = []
+        self.streams: list = []
+        self.stream_ctx: list = []
+        self.loops = defaultdict(int, loops or {})  # axis -> loops over it around here
+        self.stack: list = []                        # the loops being filled
+        self.mma = {}
+        for lv in hw.levels:
+            for k, m in lv.divisibility.items():
+                self.mma[k] = math.lcm(self.mma.get(k, 1), m)
+
+    # -- levels, sizes, records -------------------------------------------------------------
+    def level_index(self, name: str) -> int:
+        return resolve_level(self.names, name)
+
+    @property
+    def implicit_level(self) -> int:
+        return self.level_index("smem")
+
+    def dt(self, ob) -> str:
+        d = self.dtype
+        if isinstance(d, str):
+            return d
+        if isinstance(d, Mapping) and ob.name in d:
+            return d[ob.name]
+        return ob.type.dtype
+
+    def size(self, ob):
+        n = ob.type.numel
+        return n, n * bytes_per_value(self.dt(ob))
+
+    def require(self, size, reason: str, multiple: int):
+        if isinstance(size, sympy.Symbol) and multiple > 1:
+            self.multiples[size][reason] = math.lcm(self.multiples[size].get(reason, 1), multiple)
+
+    def tile(self, kind, axis, size, full, level: int):
+        if isinstance(size, sympy.Symbol) and size not in self.tiles:
+            self.tiles[size] = (kind, axis, full, self.names[level])
+
+    def buffer(self, ob, L: int, role: str, note: str = "", name: str | None = None) -> Buffer:
+        level = self.names[L]
+        if name is None:
+            # a loaded tile is named after its array (Q -> Q_blk); a computed value keeps its own
+            suffix = "" if L == 0 or role == "temp" else _SUFFIX.get(level, "_" + level)
+            name = ob.name + suffix
+        vals, byts = self.size(ob)
+        return Buffer(ob.name, name, tuple((a.name, a.size) for a in ob.type.axes), self.dt(ob),
+                      level, vals, byts, role, {a: self.loops[a] for a in ob.type.names}, note)
+
+    def emit(self, item):
+        self.stack[-1].items.append(item)
+        return item
+
+    def move(self, ob, frm: int, to: int, src: Buffer, dst: Buffer):
+        """``ob`` moved between levels ``frm`` and ``to`` (every hop in between counts)."""
+        if frm == to:
+            return
+        vals, byts = self.size(ob)
+        lo, hi = sorted((frm, to))
+        levels = tuple(self.names[k] for k in range(lo + 1, hi + 1))
+        self.emit(Move("load" if to > frm else "store", ob.name, vals, byts, levels, src, dst))
+        if ob.type.axes:  # coalescing: the contiguous (last) axis moves in aligned runs
+            align = math.lcm(*(self.hw.levels[k].align_bytes for k in range(lo + 1, hi + 1)))
+            per = max(1, align // bytes_per_value(self.dt(ob)))
+            self.require(ob.type.axes[-1].size, f"coalesce {align}B", per)
+
+    def flops(self, box, R) -> dict:
+        """The box's FLOPs per execution, by the unit its spec says they run on (a matrix
+        product on the tensor cores at its widest input dtype)."""
+        spec = box.data
+        ins = tuple(ob.type for ob in box.dom.inside)
+        outs = tuple(ob.type for ob in box.cod.inside)
+        if spec.kind == "contract":
+            self._contraction(box, ins, outs, R)
+        f = sympy.sympify(spec.flops(ins, outs))
+        if f == 0:
+            return {}
+        unit = spec.unit(ins, outs)
+        if unit == "tensor":
+            unit += ":" + max((self.dt(ob) for ob in box.dom.inside), key=bytes_per_value)
+        return {unit: f}
+
+    def _contraction(self, box, ins, outs, R):
+        """Record a contraction for the lower bounds, and the tensor-core multiples its
+        tiles need."""
+        allaxes = merge_axes(ins, "contract")
+        mm, m_ax, n_ax, reduced = matmul_axes(ins, outs)
+        it = sympy.Mul(*(a.size for a in allaxes.values())) * R
+        red = sympy.Mul(*(allaxes[n].size for n in reduced))
+        rule, axis = self.stream_ctx[-1] if self.stream_ctx else (None, None)
+        self.contractions.append(ContractionRecord(box.name, sympy.expand(it), reduced, red, rule,
+                                                   axis, mm))
+        # tensor-core shapes: m = output axes of the first input, n = of the second, k = reduced
+        if mm:
+            kb = self.mma.get("mma_k_bytes", 1)
+            bpv = max(bytes_per_value(self.dt(ob)) for ob in box.dom.inside)
+            if m_ax:
+                self.require(allaxes[m_ax[-1]].size, "mma_m", self.mma.get("mma_m", 1))
+            if n_ax:
+                self.require(allaxes[n_ax[-1]].size, "mma_n", self.mma.get("mma_n", 1))
+            self.require(allaxes[reduced[-1]].size, "mma_k", max(1, kb // bpv))
+
+    def where(self, Lc: int, L: int) -> str:
+        """How a group's iterations are spread, in words."""
+        lv = self.names[Lc]
+        n = self.hw.levels[Lc].count
+        if Lc == L:
+            return "one more axis of the enclosing grid"
+        unit = {"smem": "SMs", "registers": "register files (one per SM sub-partition)",
+                "l2": "L2 slices"}.get(lv, f"{lv} instances")
+        if L == 0:
+            n = self.hw.instances(lv)
+        if n == 1:
+            return f"one at a time (one {lv})"
+        parent = {"smem": "SM", "l2": "L2"}.get(self.names[L], self.names[L])
+        per = f" per {parent}" if L >= 1 and self.hw.instances(self.names[L]) > 1 else ""
+        return f"grid, parallel over {n} {unit}{per}"
+
+    # -- loops -------------------------------------------------------------------------------
+    def open(self, loop: Loop) -> Loop:
+        self.emit(loop)
+        self.stack.append(loop)
+        if loop.axis and loop.kind in ("group", "stream"):
+            self.loops[loop.axis] += 1
+        return loop
+
+    def close(self, loop: Loop):
+        self.stack.pop()
+        if loop.axis and loop.kind in ("group", "stream"):
+            self.loops[loop.axis] -= 1
+
+    @staticmethod
+    def _count(axis, box, size):
+        full = next(ob.type.axis(axis).size for ob in box.dom.inside if ob.type.has(axis))
+        return full, full / sympy.sympify(size)
+
+    # -- the top level -----------------------------------------------------------------------
+    def top(self, D, R, refs: dict) -> list:
+        """The boxes of a top-level diagram, each a kernel (or a grid of them); returns the
+        loops whose memory sits side by side."""
+        g = view(D)
+        kernels = []
+        for n in op_order(g):  # values between kernels inside a GMEM group live in GMEM
+            for v in g.nodes[n]["outs"]:
+                if v not in refs:
+                    refs[v] = self.emit(self.buffer(g.nodes[v]["ob"], 0, "array", "intermediate"))
+        for n in op_order(g):
+            node = g.nodes[n]
+            irefs = [refs[v] for v in node["ins"]]
+            orefs = [refs[v] for v in node["outs"]]
+            kernels.append(self.kernel(node["box"], R, irefs, orefs))
+        return kernels
+
+    def kernel(self, box, R, irefs, orefs) -> Loop:
+        """One top-level box, memoised (a rewrite changes one kernel of a program and the
+        search prices the unchanged ones again and again): built on its own, its records
+        added to this walk's.  The memo is by box; the buffers it reads and writes are the
+        GMEM arrays of whichever program holds it."""
+        if not (self.dtype is None or isinstance(self.dtype, str)):
+            return self._kernel(box, R, irefs, orefs)
+        loops = tuple(sorted((a, k) for a, k in self.loops.items() if k))
+
+        def build():
+            sub = _Builder(self.hw, self.dtype, self.intermediates, dict(loops))
+            holder = Loop("program", self.names[0])
+            sub.stack.append(holder)
+            ins = [Buffer(ob.name, ob.name, (), "", self.names[0], ZERO, ZERO, "array", {})
+                   for ob in box.dom.inside]
+            outs = [Buffer(ob.name, ob.name, (), "", self.names[0], ZERO, ZERO, "array", {})
+                    for ob in box.cod.inside]
+            loop = sub._kernel(box, R, ins, outs)
+            return sub, loop, ins + outs
+        sub, loop, placeholders = _KERNELS.get((box, self.hw), build,
+                                               (self.dtype, self.intermediates,
+                                                sympy.sympify(R), loops))
+        self.absorb(sub)
+        return self.emit(Loop("use", self.names[0], items=[loop], children=[(0, loop)],
+                              merge_only=True,
+                              aliases=dict(zip(placeholders, [*irefs, *orefs]))))
+
+    def _kernel(self, box, R, irefs, orefs) -> Loop:
+        spec = box.data
+        if spec.kind == "group":
+            Lc = self.level_index(spec.level)
+            full, N = self._count(spec.axis, box, spec.size)
+            self.tile("group", spec.axis, spec.size, full, max(Lc, 1))
+            if Lc == 0:
+                loop = self.open(Loop("group", self.names[0], spec.axis, spec.size, full, N,
+                                      False, "sequential launches", merge_only=True))
+                refs = dict(zip(_graph_io(spec.body), [*irefs, *orefs]))
+                loop.children = [(0, k) for k in self.top(spec.body, R * N, refs)]
+                self.close(loop)
+                return loop
+            loop = self.open(Loop("group", self.names[Lc], spec.axis, spec.size, full, N, True,
+                                  self.where(Lc, 0)))
+            self.body(loop, spec.body, Lc, R * N, irefs, [0] * len(box.dom), orefs,
+                      [0] * len(box.cod))
+            self.close(loop)
+            return loop
+        L = self.implicit_level
+        loop = self.open(Loop("kernel", self.names[L], name=box.name,
+                              note=f"a box outside every group: one kernel, whole arrays "
+                                   f"@{self.names[L]}"))
+        self.body(loop, box, L, R, irefs, [0] * len(box.dom), orefs, [0] * len(box.cod))
+        self.close(loop)
+        return loop
+
+    def absorb(self, other: _Builder):
+        """Add another walk's records (tiles, multiples, contractions, streams)."""
+        for s, info in other.tiles.items():
+            self.tiles.setdefault(s, info)
+        for s, reasons in other.multiples.items():
+            for reason, m in reasons.items():
+                self.multiples[s][reason] = math.lcm(self.multiples[s].get(reason, 1), m)
+        self.contractions += other.contractions
+        self.streams += other.streams
+
+    # -- bodies ------------------------------------------------------------------------------
+    def body(self, loop: Loop, D, L, R, in_refs, in_home, out_refs, out_home, reusable=()):
+        """Fill ``loop`` with diagram ``D`` running at level ``L`` (``R`` times in all).
+
+        in_home[i]: level where input i lives (== L: resident, held by the caller; above L: a
+        view, loaded on first use by a box of this body).  out_home[j]: where output j goes
+        (== L: the caller holds the buffer; above L: stored when produced).  ``reusable``:
+        input positions whose buffers this body may overwrite once they die (a stream's
+        state in its finalizer).  The liveness goes into ``loop.holds`` / ``loop.children``."""
+        g = view(D)
+        order = op_order(g)
+        pos = {n: i for i, n in enumerate(order)}
+        ins, outs = g.graph["inputs"], g.graph["outputs"]
+        out_home_of, out_ref_of = {}, {}
+        for v, h, r in zip(outs, out_home, out_refs):
+            if v not in out_home_of or h < out_home_of[v]:
+                out_home_of[v], out_ref_of[v] = h, r
+        home = dict(zip(ins, in_home))
+        ref = dict(zip(ins, in_refs))
+        fused_step: dict = {}                 # value -> the fused Step computing it
+        reuse = {ins[i] for i in reusable}
+        ob = lambda v: g.nodes[v]["ob"]  # noqa: E731
+        cons = {v: sorted(pos[c] for c in g.successors(v)) for v in g.nodes
+                if g.nodes[v]["kind"] == "value"}
+        loop.at, loop.steps = L, len(order)
+
+        def last(v):
+            end = max(cons[v], default=-1)
+            if v in out_home_of and out_home_of[v] < L and v not in ins:
+                end = max(end, pos[next(iter(g.predecessors(v)))])
+            return end
+
+        owned: set = set()
+
+        def hold(v, buf, start, end):
+            loop.holds.append((buf.values, buf.bytes, start, end))
+            owned.add(v)
+
+        def ensure(v, i):
+            if home[v] < L:
+                buf = self.emit(self.buffer(ob(v), L, "tile"))
+                self.move(ob(v), home[v], L, ref[v], buf)
+                home[v], ref[v] = L, buf
+                hold(v, buf, i, last(v))
+
+        def fused(v):
+            if v in out_home_of or len(cons[v]) != 1:
+                return False
+            (c,) = set(g.successors(v))
+            return g.nodes[c]["box"].data.elementwise
+
+        pending = []   # stores of landed outputs, made after the loop that produces them
+
+        def land(v, i):
+            """Where an output of a group/stream box at step i goes: held here when a later
+            box of this body reads it (stored on to the caller's home if it is also an output
+            of the body)."""
+            h_out = out_home_of.get(v)
+            home[v] = L
+            if cons[v]:
+                buf = self.emit(self.buffer(ob(v), L, "temp", "held for a later box"))
+                ref[v] = buf
+                hold(v, buf, i, last(v))
+                if h_out is not None and h_out < L:
+                    pending.append((ob(v), L, h_out, buf, out_ref_of[v]))
+                return L, buf
+            if h_out is None:  # nobody reads it: the child keeps it at L
+                buf = self.buffer(ob(v), L, "temp")
+                buf.declared = False
+                ref[v] = buf
+                return L, buf
+            ref[v] = out_ref_of[v]
+            return h_out, out_ref_of[v]
+
+        def flush():
+            for args in pending:
+                self.move(*args)
+            pending.clear()
+
+        for i, n in enumerate(order):
+            node = g.nodes[n]
+            box, spec = node["box"], node["box"].data
+            if spec.kind == "group":
+                Lc = max(L, self.level_index(spec.level))
+                full, N = self._count(spec.axis, box, spec.size)
+                self.tile("group", spec.axis, spec.size, full, Lc)
+                if Lc > L >= 1:  # a deeper group reads from this level: stage its inputs here
+                    for v in node["ins"]:
+                        ensure(v, i)
+                landed = [land(v, i) for v in node["outs"]]
+                child = self.open(Loop("group", self.names[Lc], spec.axis, spec.size, full, N,
+                                       True, self.where(Lc, L)))
+                self.body(child, spec.body, Lc, R * N, [ref[v] for v in node["ins"]],
+                          [home[v] for v in node["ins"]], [r for _, r in landed],
+                          [h for h, _ in landed])
+                self.close(child)
+                flush()
+                loop.children.append((i, child))
+            elif spec.kind == "stream":
+                self.stream(loop, box, spec, g, node, i, L, R, home, ref, ensure, land, flush)
+            else:
+                for v in node["ins"]:
+                    ensure(v, i)
+                args = tuple(fused_step.get(v) or ref[v] for v in node["ins"])
+                step = Step(box, args, [], self.flops(box, R))
+                reused, stores = set(), []
+                for v in node["outs"]:
+                    home[v] = L
+                    h = out_home_of.get(v)
+                    if h == L:                      # the caller's buffer (e.g. the state)
+                        ref[v] = out_ref_of[v]
+                        step.outs.append(ref[v])
+                        continue
+                    if fused(v):
+                        fused_step[v] = step
+                        step.fused = True
+                        step.outs.append(None)
+                        continue
+                    counted = self.intermediates or v in out_home_of
+                    start, inplace = i, None
+                    if counted and spec.elementwise:
+                        vb = self.size(ob(v))[1]
+                        for w in node["ins"]:
+                            if (w in owned or w in reuse) and w not in reused and last(w) == i \
+                                    and w not in out_home_of and nonneg(self.size(ob(w))[1] - vb):
+                                reused.add(w)
+                                start, inplace = i + 1, ref[w]
+                                break
+                    buf = self.buffer(ob(v), L, "temp" if v not in out_home_of else "tile")
+                    buf.counted, buf.in_place_of = counted, inplace
+                    ref[v] = buf
+                    if counted:
+                        hold(v, buf, start, last(v))
+                    step.outs.append(buf)
+                    if h is not None and h < L:
+                        stores.append((ob(v), L, h, buf, out_ref_of[v]))
+                self.emit(step)
+                for args in stores:
+                    self.move(*args)
+        for v in set(outs) & set(ins):  # outputs that are inputs passed straight through
+            if home[v] == L and out_home_of[v] < L:
+                self.move(ob(v), L, out_home_of[v], ref[v], out_ref_of[v])
+
+    def stream(self, loop, box, spec, g, node, i, L, R, home, ref, ensure, land, flush):
+        axis = spec.axis
+        full, N = self._count(axis, box, spec.chunk)
+        self.tile("stream", axis, spec.chunk, full, L)
+        self.streams.append((spec.rule, axis))
+        n_state = spec.n_state
+        up_dom = spec.update.dom.inside
+        chunk_v, chunk_b, chunked = ZERO, ZERO, []
+        for j, v in enumerate(node["ins"]):
+            if not g.nodes[v]["ob"].type.has(axis):
+                ensure(v, i)
+            elif home[v] < L:
+                chunked.append(j)
+                cv, cb = self.size(up_dom[n_state + j])
+                chunk_v += cv
+                chunk_b += cb
+        state, nexts = [], []
+        for o in spec.init.cod.inside:
+            buf = self.buffer(o, L, "state", "state", name=o.name)
+            state.append(buf)
+            nxt = self.buffer(o, L, "next", name=o.name + "'")
+            nxt.declared, nxt.in_place_of = False, buf  # the next value, in the state's buffer
+            nexts.append(nxt)
+        landed = [land(v, i) for v in node["outs"]]
+        self.stream_ctx.append((spec.rule, axis))
+        try:
+            init = self.open(Loop("section", self.names[L], note=f"init: state of {spec.rule} "
+                                  f"({', '.join(b.name for b in state)}), on chip for the "
+                                  f"whole stream"))
+            self.body(init, spec.init, L, R, [], [], state, [L] * n_state)
+            self.close(init)
+            up = self.open(Loop("stream", self.names[L], axis, spec.chunk, full, N, False,
+                                f"stream {axis} [{spec.rule}], sequential"))
+            refs = list(state)
+            for j, v in enumerate(node["ins"]):
+                if j in chunked:
+                    o = up_dom[n_state + j]
+                    buf = self.emit(self.buffer(o, L, "chunk"))
+                    self.move(o, home[v], L, ref[v], buf)
+                    refs.append(buf)
+                else:
+                    refs.append(ref[v])
+            self.body(up, spec.update, L, R * N, refs, [L] * len(up_dom), nexts, [L] * n_state)
+            written = {id(b) for it in up.items if isinstance(it, Step) for b in it.outs if b}
+            moved = tuple((s, nx) for s, nx in zip(state, nexts) if id(nx) in written)
+            if moved:
+                self.emit(Assign(moved))
+            self.close(up)
+        finally:
+            self.stream_ctx.pop()
+        fin = self.open(Loop("section", self.names[L], note=f"finalize {spec.rule}"))
+        fin_refs = state + [ref[v] for v in node["ins"] if not g.nodes[v]["ob"].type.has(axis)]
+        self.body(fin, spec.finalize, L, R, fin_refs, [L] * len(spec.finalize.dom),
+                  [r for _, r in landed], [h for h, _ in landed], reusable=range(n_state))
+        self.close(fin)
+        flush()
+        up.state = (sum((b.values for b in state), ZERO), sum((b.bytes for b in state), ZERO))
+        up.chunk = (chunk_v, chunk_b)
+        up.init, up.finalize = init, fin
+        loop.children.append((i, up))
+
+
+def _graph_io(D) -> list:
+    g = view(D)
+    return [*g.graph["inputs"], *g.graph["outputs"]]
+
+
+def build(program, hardware, dtype=None, *, intermediates: bool = True) -> Schedule:
+    """The schedule of ``program`` on ``hardware`` (see :mod:`napkin.schedule`).
+
+    ``dtype``: None = every array's own dtype (accumulators stay f32 as the rules build them);
+    a string = every array, accumulators included, at that dtype (the paper's single q bytes
+    per value); a mapping {array name: dtype} = those arrays at those dtypes.
+    ``intermediates``: count values produced inside a body in the peak memory (default);
+    False = only inputs, chunks, state and outputs (the paper's count)."""
+    hw = get_hardware(hardware)
+    if isinstance(dtype, str):
+        bytes_per_value(dtype)
+    elif isinstance(dtype, Mapping):
+        for d in dtype.values():
+            bytes_per_value(d)
+    b = _Builder(hw, dtype, intermediates)
+    root = Loop("program", b.names[0], merge_only=True)
+    b.stack.append(root)
+    g = view(program)
+    refs, values = {}, []
+    for v in g.graph["inputs"]:
+        refs[v] = b.emit(b.buffer(g.nodes[v]["ob"], 0, "array", "input"))
+    for v in g.graph["outputs"]:
+        if v not in refs:
+            refs[v] = b.emit(b.buffer(g.nodes[v]["ob"], 0, "array", "output"))
+    for n in op_order(g):
+        for v in g.nodes[n]["outs"]:
+            if v not in refs:
+                refs[v] = b.emit(b.buffer(g.nodes[v]["ob"], 0, "array", "intermediate"))
+    for v in g.nodes:
+        if g.nodes[v]["kind"] == "value":
+            values.append(refs.get(v) or b.buffer(g.nodes[v]["ob"], 0, "array"))
+    root.children = [(0, k) for k in b.top(program, ONE, refs)]
+    tiles = {}
+    for s, (kind, axis, full, level) in b.tiles.items():
+        mult = tuple(sorted(b.multiples.get(s, {}).items()))
+        tiles[s] = TileInfo(s, kind, axis, sympy.sympify(full), level, mult)
+    return Schedule(program, hw, dtype, intermediates, b.names, root, tiles, b.contractions,
+                    b.streams, tuple(values))
