@@ -1,8 +1,8 @@
 """napkin: deep-learning algorithms as string diagrams, rewritten into streamed kernels.
 
 Pipeline: diagrams (arrays, primitives, trace) → rules (rewrites/) → search →
-certificates (checked) → lowering (Pallas).  This package root re-exports the
-user-facing core.
+certificates (checked) → lowering (Pallas), all in one call: ``napkin.optimize``.
+This package root re-exports the user-facing core.
 """
 from napkin.arrays import ArrayType, Axis, axes, wire
 from napkin.diagram import Diagram, Id
@@ -13,5 +13,15 @@ from napkin.weave import weave
 
 __all__ = [
     "Array", "ArrayType", "Axis", "CompositionError", "Diagram", "Id", "NapkinError",
-    "RuleError", "ShapeError", "algorithm", "axes", "evaluate", "trace", "wire", "weave",
+    "Optimized", "RuleError", "ShapeError", "algorithm", "axes", "evaluate", "optimize", "trace",
+    "wire", "weave",
 ]
+
+
+def __getattr__(name):
+    """``napkin.optimize`` and ``napkin.Optimized`` (napkin.pipeline), imported when first
+    used: the pipeline pulls in the search, the cost model and the lowering."""
+    if name in ("optimize", "Optimized"):
+        from napkin import pipeline
+        return getattr(pipeline, name)
+    raise AttributeError(f"module 'napkin' has no attribute {name!r}")

@@ -43,6 +43,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import importlib.machinery
 import importlib.util
 import json
 import sys
@@ -239,7 +240,9 @@ def load_algorithm(spec, base: Path | None = None) -> Source:
         return Source(spec, alg.diagram, alg.reference, alg.sample)
     path, name = algorithm_file(spec, base)
     label = spec["from"]
-    mod_spec = importlib.util.spec_from_file_location(f"_napkin_alg_{path.stem}", path)
+    module_name = f"_napkin_alg_{path.stem}"
+    mod_spec = importlib.util.spec_from_file_location(module_name, path,
+                                                      loader=_NoBytecode(module_name, str(path)))
     if mod_spec is None or mod_spec.loader is None:
         raise CertificateError(f"algorithm file {path} cannot be loaded as a Python module")
     module = importlib.util.module_from_spec(mod_spec)
@@ -262,6 +265,14 @@ def load_algorithm(spec, base: Path | None = None) -> Source:
         return Source(label, _checked_builder(obj, name))
     raise CertificateError(f"{label} is {_kind(obj)}: neither an Algorithm, a diagram nor a "
                            f"builder (a function dtype -> diagram)")
+
+
+class _NoBytecode(importlib.machinery.SourceFileLoader):
+    """Runs FILE.py without writing a __pycache__ beside it: loading an algorithm
+    (checking a certificate, the demo) leaves the user's folders as they were."""
+
+    def set_data(self, path, data, *, _mode=0o666):
+        pass
 
 
 def _kind(obj) -> str:

@@ -42,6 +42,7 @@ from napkin.certificate import (Certificate, CertificateError, fingerprint, load
                                 size_symbols)
 from napkin.errors import NapkinError
 from napkin.primitives import JNP_DTYPES
+from napkin.sampling import sample
 from napkin.semantics import evaluate
 from rewrites import RULES
 
@@ -184,12 +185,6 @@ def check_cases(cert, programs) -> list[Case]:
         _draw("random sizes and tiles", {a: int(rng.integers(1, RANDOM_MAX + 1)) for a in axes},
               parts, lambda e: rng.integers(1, e + 1)),
     ]
-
-
-def _sample(program, sizes, rng):
-    """Standard-normal inputs for a diagram without a sampler of its own."""
-    return [rng.standard_normal([_value(a.size, sizes) for a in ob.type.axes])
-            for ob in program.dom.inside]
 
 
 # Relative error allowed when a program runs at its wires' dtypes, against the exact
@@ -364,7 +359,7 @@ def _numeric(cert, src, original, programs):
             for i, case in enumerate(cases):
                 rng = np.random.default_rng(i)
                 xs = (src.sample(rng, case.sizes) if src.sample
-                      else _sample(original, case.sizes, rng))
+                      else sample(original, case.sizes, rng))
                 low = [jnp.asarray(np.asarray(x, np.float64), dt) for x, dt in zip(xs, in_dtypes)]
                 # the exact check runs on the rounded values too: any float64 input will do
                 xs = [np.asarray(x, np.float64) for x in low]

@@ -388,12 +388,11 @@ def _draw(args) -> int:
         diagram = algo.diagram(dtype)
         if args.streamed:
             from napkin.drawing_streamed import draw_streamed
-            from napkin.commands import sizes_for
-            from napkin.search import search
-            r = search(diagram, args.hardware, sizes_for(diagram, {}), "bf16")
-            path = out.write(target, lambda: draw_streamed(r.best.program, target,
+            from napkin.pipeline import optimize
+            opt = optimize(diagram, args.hardware, dtype="bf16")
+            path = out.write(target, lambda: draw_streamed(opt.program, target,
                                                            hardware=args.hardware,
-                                                           tiles=r.best.tile_values))
+                                                           tiles=opt.search.best.tile_values))
             print(path)
             return 0
         title = f"{algo.name}: {signature(diagram).replace(' -> ', ' → ')}"

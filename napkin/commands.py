@@ -9,6 +9,7 @@ from pathlib import Path
 
 from napkin.cli import PICTURES, Outputs, arg, command, signature, table
 from napkin.errors import NapkinError
+from napkin.pipeline import sizes_for
 
 SIZE = arg("--size", action="append", default=[], metavar="AXIS=N",
            help="an axis size (repeatable); unset axes take the library defaults")
@@ -67,23 +68,16 @@ def load(spec: str | None, from_: str | None):
     return spec, get(spec).diagram(), None
 
 
-def sizes_for(diagram, given: dict) -> dict:
-    from napkin.certificate import size_symbols
-    from napkin.library import DEFAULT_SIZES
-    need = sorted(size_symbols(diagram))
-    out = {}
-    for n in need:
-        if n in given:
-            out[n] = given[n]
-        elif n in DEFAULT_SIZES:
-            out[n] = DEFAULT_SIZES[n]
-        else:
-            raise NapkinError(f"no size for axis {n}: give --size {n}=N")
-    unknown = sorted(set(given) - set(need))
-    if unknown:
-        raise NapkinError(f"--size names {', '.join(unknown)}, which the algorithm does not have "
-                          f"(its axes: {', '.join(need)})")
-    return out
+def optimized(args, name, diagram, cert=None, sizes=None, **options):
+    """napkin.optimize on a command's algorithm; its certificate names the algorithm as
+    the command line did (a library name, --from FILE:NAME, or a certificate's own)."""
+    from napkin.pipeline import optimize
+    if cert is not None:
+        source, base = cert.algorithm, cert.origin
+    else:
+        source, base = ({"from": args.from_} if args.from_ else name), Path.cwd()
+    return optimize(diagram, args.hardware, sizes, args.dtype, source=source, base=base,
+                    **options)
 
 
 def replay(cert, path=None):
@@ -204,15 +198,14 @@ def _cost_to(args, plot, out) -> int:
     from napkin.cost import cost, cost_json, plot_cost
     from napkin.hardware import get_hardware
     name, diagram, cert = load(args.algorithm, args.from_)
-    sizes = sizes_for(diagram, parse_sizes(args.size))
-    hw = get_hardware(args.hardware).two_level()
+    sizes = sizes_for(diagram, parse_sizes(args.size), "--size")
     if cert is not None:
+        hw = get_hardware(args.hardware).two_level()
         program, chain = replay(cert, args.algorithm), [s.rule for s in cert.steps]
+        c = cost(program, hw, args.dtype)
     else:
-        from napkin.search import search
-        result = search(diagram, hw, sizes, args.dtype)
-        program, chain = result.best.program, [m.rule for m in result.best.chain]
-    c = cost(program, hw, args.dtype)
+        opt = optimized(args, name, diagram, sizes=sizes)
+        hw, program, chain, c = opt.hardware, opt.program, [m.rule for m in opt.chain], opt.cost
     data = cost_json(c, sizes)
     data.update({"algorithm": name, "hardware": hw.name, "chain": chain})
     if plot:
@@ -228,8 +221,8 @@ def _cost_to(args, plot, out) -> int:
              "capacity", "time (s)", "symbolic transfers")]
     for lv in c.levels:
         tr, mem = data["transfers"].get(lv, {}), data["memory"].get(lv, {})
-        rows.append((lv, _num(tr.get("values")), _num(tr.get("bytes")), _num(mem.get("bytes")),
-                     _num(mem.get("capacity_bytes")), _num(data["time_s"].get(lv)),
+        rows.append((lv, _table_cell(tr.get("values")), _table_cell(tr.get("bytes")), _table_cell(mem.get("bytes")),
+                     _table_cell(mem.get("capacity_bytes")), _table_cell(data["time_s"].get(lv)),
                      tr.get("expr", "-")))
     print(table(rows))
     print(f"flops {data['flops']['total']:.4g} ({data['flops']['expr']}); compute "
@@ -242,7 +235,7 @@ def _cost_to(args, plot, out) -> int:
     return 0
 
 
-def _num(v) -> str:
+def _table_cell(v) -> str:
     return "-" if v is None else (f"{v:.4g}" if isinstance(v, (int, float)) else str(v))
 
 
@@ -272,17 +265,17 @@ def _optimize(args) -> int:
 
 
 def _optimize_to(args, cert, drawing, out) -> int:
-    from napkin.search import search
-    name, diagram, _ = load(args.algorithm, args.from_)
-    sizes = sizes_for(diagram, parse_sizes(args.size))
-    r = search(diagram, args.hardware, sizes, args.dtype, max_states=args.max_states,
-               max_seconds=args.max_seconds, levels=args.levels)
+    name, diagram, loaded = load(args.algorithm, args.from_)
+    sizes = sizes_for(diagram, parse_sizes(args.size), "--size")
+    opt = optimized(args, name, diagram, loaded, sizes, max_states=args.max_states,
+                    max_seconds=args.max_seconds, levels=args.levels)
+    r = opt.search
     cert_path = None
     if cert:
-        cert_path = out.write(cert, lambda: write_certificate(args, name, r))
+        cert_path = out.write(cert, lambda: write_certificate(opt, args.certificate))
     if drawing:
         from napkin.drawing_streamed import draw_before_after
-        out.write(drawing, lambda: draw_before_after(diagram, r.best.program, drawing,
+        out.write(drawing, lambda: draw_before_after(diagram, opt.program, drawing,
                                                      hardware=args.hardware,
                                                      tiles=r.best.tile_values))
     if args.json:
@@ -318,22 +311,10 @@ def _optimize_to(args, cert, drawing, out) -> int:
     return 0
 
 
-def check_instance(sizes: dict, tiles: dict) -> tuple[dict, dict]:
-    """A small instance for a certificate's numeric check: tiles of 2–4 and ragged sizes."""
-    small_tiles = {t: min(v, 4) for t, v in tiles.items()}
-    small = {a: min(v, 9) for a, v in sizes.items()}
-    return small, small_tiles
-
-
-def write_certificate(args, name, r) -> str:
-    from napkin.certificate import derive
-    small, small_tiles = check_instance(sizes_for(r.algorithm, parse_sizes(args.size)),
-                                        r.best.tiles.values)
-    algo = {"from": args.from_} if args.from_ else name
-    steps = [(m.rule, m.site, m.params_dict) for m in r.best.chain]
-    cert = derive(algo, steps, small, small_tiles, base=Path.cwd())
-    cert.save(args.certificate)
-    return args.certificate
+def write_certificate(opt, path) -> str:
+    """Save the result's certificate (derived now) at ``path``; returns the path."""
+    opt.certificate.save(path)
+    return path
 
 
 def result_json(r, sizes, cert_path) -> dict:
@@ -372,76 +353,35 @@ def _on_gpu() -> bool:
     return jax.devices()[0].platform == "gpu"
 
 
-def pipeline(name, diagram, sizes, hardware, dtype, base=None, from_=None, out=print,
-             fit=False):
-    """optimise → certificate → check → lower; returns (result, certificate report, kernel).
-    With ``fit``, the program is searched at full scale (library default sizes) and its
-    tiles shrunk to the small run."""
-    from napkin.certificate import derive
-    from napkin.checker import check_certificate
-    from napkin.library import DEFAULT_SIZES
-    from napkin.lower import lower
-    from napkin.search import search
-    full = {a: DEFAULT_SIZES.get(a, n) for a, n in sizes.items()} if fit else sizes
-    r = search(diagram, hardware, full, dtype)
-    tiles = fit_tiles(r.best.tiles.values, r.best.program, sizes) if fit else dict(r.best.tiles.values)
-    out("chain: " + " → ".join(str(m) for m in r.best.chain))
-    out("tiles: " + ", ".join(f"{k}={v}" for k, v in tiles.items())
-        + f"; modelled time {r.best.time_s:.3g} s ({r.best.bound_by}-bound)")
-    small, small_tiles = check_instance(sizes, tiles)
-    cert = derive({"from": from_} if from_ else name,
-                  [(m.rule, m.site, m.params_dict) for m in r.best.chain], small, small_tiles,
-                  base=base)
-    report = check_certificate(cert)
-    out(f"certificate: {report}")
-    if not report.ok:
-        raise NapkinError(f"the derived certificate does not check: {report}")
-    return r, report, lower(r.best.program, tiles, dtype=dtype,
-                            name=name.replace(":", "_").replace("/", "_"))
-
-
-def run_and_compare(kernel, alg, diagram, sizes, dtype, interpret, out=print):
-    """Random inputs → kernel and reference; returns (max relative error, seconds)."""
+def run_and_compare(kernel, alg, diagram, sizes, dtype, interpret):
+    """Random inputs → kernel and reference; returns (max relative error, seconds).
+    The reference runs in float64 inside ``jax.enable_x64``: JAX's global mode is left
+    as it was."""
     import time
     import jax
     import jax.numpy as jnp
     import numpy as np
     from napkin.primitives import JNP_DTYPES
+    from napkin.sampling import sample
     from napkin.semantics import evaluate
     rng = np.random.default_rng(0)
-    xs64 = alg.sample(rng, sizes) if alg is not None else _sample(diagram, sizes, rng)
+    xs64 = alg.sample(rng, sizes) if alg is not None else sample(diagram, sizes, rng)
     xs = [jnp.asarray(x, JNP_DTYPES[dtype]) for x in xs64]
     kernel(*xs, interpret=interpret)  # compile
     t0 = time.perf_counter()
     y = jax.block_until_ready(kernel(*xs, interpret=interpret))
     wall = time.perf_counter() - t0
-    jax.config.update("jax_enable_x64", True)  # the reference runs in float64
-    ref = alg.reference(*[jnp.asarray(x, jnp.float64) for x in xs]) if alg is not None \
-        else evaluate(diagram)(*[jnp.asarray(x, jnp.float64) for x in xs])
-    ref, y = np.asarray(ref, np.float64), np.asarray(jnp.asarray(y, jnp.float32), np.float64)
+    reference = alg.reference if alg is not None else evaluate(diagram)
+    with jax.enable_x64(True):
+        ref = np.asarray(reference(*[jnp.asarray(x, jnp.float64) for x in xs]), np.float64)
+    y = np.asarray(jnp.asarray(y, jnp.float32), np.float64)
     err = float(np.max(np.abs(y - ref)) / max(float(np.max(np.abs(ref))), 1e-300))
     return err, wall
 
 
-def fit_tiles(tiles: dict, program, sizes: dict) -> dict:
-    """Tiles found for large sizes, shrunk (powers of two) so that a small run
-    still has several groups and chunks: at most a quarter of the axis."""
-    from napkin.cost import cost
-    axis_of = {t.name: info.axis for t, info in cost(program, "h100").tiles.items()}
-    out = {}
-    for name, value in tiles.items():
-        n = sizes.get(axis_of.get(name, ""), value)
-        cap = 1
-        while cap * 2 <= max(n // 4, 1):
-            cap *= 2
-        out[name] = max(1, min(int(value), cap))
-    return out
-
-
-def _sample(diagram, sizes, rng):
-    import numpy as np
-    return [rng.standard_normal([sizes[str(a.size)] if not isinstance(a.size, int) else a.size
-                                 for a in ob.type.axes]) for ob in diagram.dom.inside]
+def _shapes(diagram, sizes: dict) -> list[tuple]:
+    return [tuple(sizes[str(a.size)] if not isinstance(a.size, int) else a.size
+                  for a in ob.type.axes) for ob in diagram.dom.inside]
 
 
 TOL = {"f32": 1e-5, "bf16": 2e-2, "f16": 1e-2}
@@ -464,7 +404,10 @@ def kernel_dtype(dtype: str) -> str:
 @command("lower", "write the Pallas kernel of an algorithm's best program (or a certificate's)",
          arg("algorithm", metavar="ALGO|CERTIFICATE", nargs="?"), FROM, SIZE, HARDWARE, DTYPE,
          arg("--emit", metavar="PATH", help="write the kernel's Python source here"),
-         arg("--force", action="store_true", help="let --emit overwrite an existing file"))
+         arg("--force", action="store_true", help="let --emit overwrite an existing file"),
+         arg("--report", action="store_true",
+             help="instead of the source: the schedule's buffers per level beside what Triton "
+                  "allocates (compiled for sm_90 with the dev extra's triton)"))
 def _lower(args) -> int:
     with Outputs() as out:
         emit = out.file(args.emit, "--emit", overwrite=args.force,
@@ -476,21 +419,25 @@ def _lower_to(args, emit, out) -> int:
     from napkin.lower import lower
     name, diagram, cert = load(args.algorithm, args.from_)
     if cert is not None:
-        program, tiles, sizes = replay(cert, args.algorithm), dict(cert.tiles), dict(cert.sizes)
+        from napkin.hardware import get_hardware
+        program, sizes = replay(cert, args.algorithm), dict(cert.sizes)
+        k = lower(program, dict(cert.tiles), dtype=args.dtype, name=str(name))
+        hardware = get_hardware(args.hardware).two_level()  # as `cost` models a certificate
     else:
-        sizes = sizes_for(diagram, parse_sizes(args.size))
-        from napkin.search import search
-        r = search(diagram, args.hardware, sizes, args.dtype)
-        program, tiles = r.best.program, dict(r.best.tiles.values)
-    k = lower(program, tiles, dtype=args.dtype, name=str(name).replace(":", "_").replace("/", "_"))
-    shapes = [tuple(sizes[str(a.size)] if not isinstance(a.size, int) else a.size
-                    for a in ob.type.axes) for ob in diagram.dom.inside]
+        sizes = sizes_for(diagram, parse_sizes(args.size), "--size")
+        opt = optimized(args, name, diagram, sizes=sizes)
+        k, program, hardware = opt.kernel(), opt.program, opt.hardware
+    shapes = _shapes(diagram, sizes)
     src = k.source(*shapes)
     if emit:
         out.write(emit, lambda: emit.write_text(src, encoding="utf-8"))
         print(f"kernel source ({len(src.splitlines())} lines): {args.emit}")
-    else:
+    elif not args.report:
         print(src)
+    if args.report:
+        from napkin.lower.report import report
+        from napkin.schedule import build
+        print(report(k, build(program, hardware, args.dtype), sizes, shapes))
     return 0
 
 
@@ -498,6 +445,7 @@ def _lower_to(args, emit, out) -> int:
          arg("algorithm", metavar="ALGO", nargs="?"), FROM, SIZE, HARDWARE,
          arg("--dtype", default="f32", metavar="DT", help="input dtype (default: f32)"), INTERPRET)
 def _run(args) -> int:
+    from napkin.library import DEFAULT_SIZES
     from napkin.lower import hbm_bytes
     args.dtype = kernel_dtype(args.dtype)  # before any search
     name, diagram, _ = load(args.algorithm, args.from_)
@@ -505,25 +453,29 @@ def _run(args) -> int:
     interpret = _interpret(args.interpret)
     small = interpret is True or (interpret == "auto" and not _on_gpu())
     base = {**RUN_SIZES, **given} if small else given
-    sizes = sizes_for(diagram, {k: v for k, v in base.items()
-                                if k in _axes(diagram)})
+    sizes = sizes_for(diagram, {k: v for k, v in base.items() if k in _axes(diagram)}, "--size")
     print(f"{name}: sizes " + ", ".join(f"{k}={v}" for k, v in sizes.items())
           + (" (interpret mode: small default sizes)" if small and not given else ""))
-    alg = None if args.from_ else _library(name)
-    r, report, k = pipeline(name, diagram, sizes, args.hardware, args.dtype, base=Path.cwd(),
-                            from_=args.from_, fit=small)
-    err, wall = run_and_compare(k, alg, diagram, sizes, args.dtype, interpret)
-    shapes = [tuple(sizes[str(a.size)] if not isinstance(a.size, int) else a.size
-                    for a in ob.type.axes) for ob in diagram.dom.inside]
+    # a small run keeps the program found at full scale, its tiles shrunk to the run
+    full = {a: DEFAULT_SIZES.get(a, n) for a, n in sizes.items()} if small else sizes
+    opt = optimized(args, name, diagram, sizes=full)
+    opt = opt.fit(sizes) if small else opt
+    print("chain: " + " → ".join(str(m) for m in opt.chain))
+    print("tiles: " + ", ".join(f"{k}={v}" for k, v in opt.tiles.items())
+          + f"; modelled time {opt.search.best.time_s:.3g} s ({opt.search.best.bound_by}-bound)")
+    report = opt.check()
+    print(f"certificate: {report}")
+    if not report.ok:
+        raise NapkinError(f"the derived certificate does not check: {report}")
+    k = opt.kernel()
+    err, wall = run_and_compare(k, None if args.from_ else _library(name), diagram, sizes,
+                                args.dtype, interpret)
     tol = TOL.get(args.dtype, 2e-2)
-    from napkin.cost import cost
-    from napkin.hardware import get_hardware
-    model = cost(r.best.program, get_hardware(args.hardware).two_level(),
-                 args.dtype).evaluate({**sizes, **{str(t): v for t, v in k.tiles.items()}})
+    model = opt.cost.evaluate({**sizes, **{str(t): v for t, v in k.tiles.items()}})
     level = list(model["transfers_bytes"])[-1]
     print(f"max relative error vs reference {err:.2e} (tolerance {tol:g}); wall {wall * 1e3:.1f} ms"
           f" ({'interpret' if small else 'GPU'}); modelled {model['time_s']['total'] * 1e3:.4g} ms"
-          f" on {args.hardware}; HBM bytes {hbm_bytes(k, shapes):.4g} "
+          f" on {args.hardware}; HBM bytes {hbm_bytes(k, _shapes(diagram, sizes)):.4g} "
           f"(model {model['transfers_bytes'][level]:.4g}; tiles "
           + ", ".join(f"{t}={v}" for t, v in k.tiles.items()) + ")")
     if err > tol:
@@ -541,70 +493,95 @@ def _library(name):
     return LIBRARY.get(name)
 
 
+DEMO_ALGORITHM = '''"""Attention, as `napkin demo` states it.
+
+Its certificate names it {"from": "attention.py:attention"};
+`napkin optimize --from attention.py:attention` searches it again."""
+import napkin as nk
+from napkin import ops
+
+q, x, d = nk.axes("q x d")
+
+
+@nk.algorithm(Q=(q, d), K=(x, d), V=(x, d))
+def attention(Q, K, V):
+    S = ops.scale(ops.contract(Q, K, out=(q, x), name="QK^T"), 1 / d.size ** 0.5)
+    return ops.contract(ops.softmax(S, x), V, out=(q, d), name="PV")
+'''
+DEMO_SIZES = {"q": 4096, "x": 4096, "d": 128}   # searched at
+DEMO_RUN_SIZES = {"q": 256, "x": 256, "d": 64}  # run at (a CPU-sized run)
+
+
 @command("demo", "the main job on attention: state, search, prove, draw, lower, run, verify",
          arg("--out", default="napkin-demo", metavar="DIR", help="where pictures and files go"),
-         INTERPRET)
+         HARDWARE, INTERPRET)
 def _demo(args) -> int:
+    from napkin.hardware import get_hardware
+    hardware = get_hardware(args.hardware)  # before any work
     with Outputs() as files:
         out = files.directory(args.out, "--out")
-        return _demo_in(args, files, out)
+        return _demo_in(args, hardware, files, out)
 
 
-def _demo_in(args, files, out) -> int:
+def _demo_sizes(sizes: dict) -> str:
+    return f"q = x = {sizes['q']}, d = {sizes['d']}"
+
+
+def state_demo_algorithm(files, out: Path) -> tuple[dict, object]:
+    """Write the demo's attention to ``out/attention.py`` and load it from there, so that
+    the diagram searched is the one its certificate names: (source, diagram)."""
+    from napkin.certificate import load_algorithm
+    path = out / "attention.py"
+    files.write(path, lambda: path.write_text(DEMO_ALGORITHM, encoding="utf-8"))
+    source = {"from": "attention.py:attention"}
+    return source, load_algorithm(source, out).build("f32")
+
+
+def _demo_in(args, hardware, files, out) -> int:
     import time
-    import napkin as nk
-    from napkin import ops
     from napkin.drawing import draw, draw_side_by_side
+    from napkin.library import get
+    from napkin.pipeline import optimize
     t0 = time.perf_counter()
     files.make_directory(out)
-    q, x, d = nk.axes("q x d")
-
-    def attention(Q, K, V):
-        S = ops.scale(ops.contract(Q, K, out=(q, x), name="QK^T"), 1 / d.size ** 0.5)
-        return ops.contract(ops.softmax(S, x), V, out=(q, d), name="PV")
-    diagram = nk.trace(attention, {"Q": (q, d), "K": (x, d), "V": (x, d)}, "attention")
-    print(f"1. stated: {signature(diagram)} ({len([b for b in diagram.boxes if b.data])} boxes)")
+    source, diagram = state_demo_algorithm(files, out)
+    print(f"1. stated: {signature(diagram)} ({len([b for b in diagram.boxes if b.data])} boxes) "
+          f"in {out / 'attention.py'}")
     files.write(out / "attention.png",
                 lambda: draw(diagram, out / "attention.png", title="attention"))
-    print("2. searched (H100, q = x = 4096, d = 128):")
-    from napkin.search import search
-    r = search(diagram, "h100", {"q": 4096, "x": 4096, "d": 128}, "bf16")
-    for i, m in enumerate(r.best.chain, 1):
+    print(f"2. searched ({hardware.name}, {_demo_sizes(DEMO_SIZES)}):")
+    opt = optimize(diagram, hardware, DEMO_SIZES, "bf16", source=source, base=out)
+    r = opt.search
+    for i, m in enumerate(opt.chain, 1):
         print(f"   {i}. {m}")
-    print(f"   tiles {r.best.tiles.values}; modelled {r.best.time_s * 1e6:.2f} µs, "
+    print(f"   tiles {opt.tiles}; modelled {r.best.time_s * 1e6:.2f} µs, "
           f"{r.states} states in {r.seconds:.1f} s")
     from proofs import prove_rule
     from rewrites import RULES, STREAMABILITY
-    used = {m.rule for m in r.best.chain} | {"softmax_contraction"}
+    used = {m.rule for m in opt.chain} | {"softmax_contraction"}
     rules = [x for x in [*RULES.values(), *STREAMABILITY] if x.name in used]
     proved = [prove_rule(x) for x in rules]
     print("3. proved: " + ", ".join(f"{p.rule} ({'ok' if p.ok else 'FAILED'})" for p in proved))
-    from napkin.certificate import derive
-    from napkin.checker import check_certificate
-    cert = derive("attention", [(m.rule, m.site, m.params_dict) for m in r.best.chain],
-                  {"q": 9, "x": 11, "d": 4}, {"g_q": 4, "s_x": 4})
-    files.write(out / "attention.cert.json", lambda: cert.save(out / "attention.cert.json"))
-    rep = check_certificate(cert)
-    print(f"   certificate {out / 'attention.cert.json'}: {rep}")
+    cert_path = out / "attention.cert.json"
+    files.write(cert_path, lambda: opt.certificate.save(cert_path))
+    rep = opt.check()
+    print(f"   certificate {cert_path}: {rep}")
     files.write(out / "before_after.png",
-                lambda: draw_side_by_side(diagram, r.best.program, out / "before_after.png",
+                lambda: draw_side_by_side(diagram, opt.program, out / "before_after.png",
                                           titles=("attention", "streamed program")))
     print(f"4. drawn: {out / 'attention.png'}, {out / 'before_after.png'}")
-    from napkin.lower import lower
-    from napkin.library import get
-    sizes = {"q": 256, "x": 256, "d": 64}
-    tiles = fit_tiles(r.best.tiles.values, r.best.program, sizes)
-    k = lower(r.best.program, tiles, name="attention")
-    shapes = ((256, 64), (256, 64), (256, 64))
-    source = k.source(*shapes)
+    run = opt.fit(DEMO_RUN_SIZES)
+    k = run.kernel(dtype="f32")
+    shapes = _shapes(diagram, run.sizes)
+    kernel_source = k.source(*shapes)
     files.write(out / "attention_kernel.py",
-                lambda: (out / "attention_kernel.py").write_text(source, encoding="utf-8"))
-    print(f"5. lowered: grid {k.plan(*shapes).grid}, tiles {tiles} (the H100 tiles, shrunk for "
-          f"a CPU-sized run); source {out / 'attention_kernel.py'}")
-    err, wall = run_and_compare(k, get("attention"), diagram, sizes, "f32",
+                lambda: (out / "attention_kernel.py").write_text(kernel_source, encoding="utf-8"))
+    print(f"5. lowered: grid {k.plan(*shapes).grid}, tiles {run.tiles} (the {hardware.name} "
+          f"tiles, shrunk for a CPU-sized run); source {out / 'attention_kernel.py'}")
+    err, wall = run_and_compare(k, get("attention"), diagram, run.sizes, "f32",
                                 _interpret(args.interpret))
     ok = err <= TOL["f32"] and rep.ok and all(p.ok for p in proved)
-    print(f"6. ran at q = x = 256, d = 64: max relative error {err:.2e} vs plain jnp "
+    print(f"6. ran at {_demo_sizes(run.sizes)}: max relative error {err:.2e} vs plain jnp "
           f"({'interpret mode' if not _on_gpu() else 'GPU'}, {wall * 1e3:.0f} ms)")
     print(f"{'verified' if ok else 'FAILED'} in {time.perf_counter() - t0:.0f} s")
     return 0 if ok else 1
@@ -627,10 +604,9 @@ def _pseudocode(args) -> int:
     if cert is not None:
         program, tiles, sizes = replay(cert, args.algorithm), dict(cert.tiles), dict(cert.sizes)
     else:
-        sizes = sizes_for(diagram, parse_sizes(args.size))
-        from napkin.search import search
-        r = search(diagram, hw, sizes, args.dtype, levels=args.levels)
-        program, tiles = r.best.program, r.best.tiles
+        sizes = sizes_for(diagram, parse_sizes(args.size), "--size")
+        opt = optimized(args, name, diagram, sizes=sizes, levels=args.levels)
+        program, tiles = opt.program, opt.search.best.tiles
     print(pseudocode(program, hw2, sizes, tiles, args.dtype,
                      fmt="markdown" if args.markdown else "text", title=str(name)))
     if args.hopper:

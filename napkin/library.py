@@ -18,6 +18,7 @@ import sympy
 from napkin import ops
 from napkin.arrays import axes, Axis
 from napkin.errors import NapkinError
+from napkin.sampling import sample
 from napkin.trace import Array, trace
 from napkin.weave import weave
 
@@ -32,35 +33,15 @@ class Algorithm:
     summary: str
     build: Callable[[str], object]          # dtype -> Diagram
     reference: Callable                      # plain jnp on positional arrays
-    inputs: dict = field(default_factory=dict)  # input name -> "normal" | "onehot:AXIS"
+    inputs: dict = field(default_factory=dict)  # name -> normal | positive | onehot:AXIS
 
     def diagram(self, dtype: str = "f32"):
         return self.build(dtype)
 
     def sample(self, rng: np.random.Generator, sizes: dict, dtype=np.float64, scale=1.0):
-        """Random inputs for given axis sizes ({"q": 7, ...})."""
-        d = self.diagram()
-        out = []
-        for ob in d.dom.inside:
-            shape = []
-            for a in ob.type.axes:
-                if isinstance(a.size, int):
-                    shape.append(a.size)
-                elif str(a.size) in sizes:
-                    shape.append(int(sizes[str(a.size)]))
-                else:
-                    raise NapkinError(f"{self.name}: no size given for axis {a.name} "
-                                      f"(give --size {a.name}=N)")
-            kind = self.inputs.get(ob.name, "normal")
-            if kind.startswith("onehot:"):
-                ax = ob.type.names.index(kind.split(":")[1])
-                idx = rng.integers(0, shape[ax], size=[s for i, s in enumerate(shape) if i != ax])
-                out.append(np.moveaxis(np.eye(shape[ax], dtype=dtype)[idx], -1, ax))
-            elif kind == "positive":
-                out.append(np.abs(rng.standard_normal(shape)).astype(dtype) * scale + 0.1)
-            else:
-                out.append((rng.standard_normal(shape) * scale).astype(dtype))
-        return out
+        """Random inputs for given axis sizes ({"q": 7, ...}), of this algorithm's kinds
+        (one-hot labels, positive values): napkin.sampling.sample."""
+        return sample(self.diagram(), sizes, rng, kinds=self.inputs, scale=scale, dtype=dtype)
 
 
 LIBRARY: dict[str, Algorithm] = {}

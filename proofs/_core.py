@@ -27,6 +27,8 @@ from typing import Callable
 import numpy as np
 import sympy
 
+from napkin.sampling import sample  # noqa: F401  (the proofs' inputs: napkin's one sampler)
+
 # --------------------------------------------------------------------------- results
 
 
@@ -442,23 +444,6 @@ def accumulator_obligations(proof: Proof, st: Streamed, sizes: dict, what: str,
 
 
 # --------------------------------------------------------------------------- numbers
-
-
-def sample(diagram, sizes: dict, rng: np.random.Generator, scale: float = 1.0,
-           overrides: dict | None = None) -> list[np.ndarray]:
-    """Random float64 inputs for ``diagram`` (``overrides``: name -> array or
-    ``fn(shape, rng)``)."""
-    from napkin.arrays import array_types
-    env = {size(k) if isinstance(k, str) else k: v for k, v in sizes.items()}
-    out = []
-    for ob, t in zip(diagram.dom.inside, array_types(diagram.dom)):
-        shape = tuple(int(sympy.sympify(a.size).subs(env)) for a in t.axes)
-        o = (overrides or {}).get(ob.name)
-        if o is None:
-            out.append(rng.standard_normal(shape) * scale)
-        else:
-            out.append(np.asarray(o(shape, rng) if callable(o) else o, dtype=np.float64))
-    return out
 
 
 def bf16(xs):

@@ -1,6 +1,7 @@
 """The pipeline end to end through the CLI: optimise → certificate → check →
 lower → run; plus the kernel's HBM traffic against the cost model."""
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -84,6 +85,32 @@ def test_lower_emits_source_that_compiles(capsys, tmp_path):
     assert "pallas_call" in src
 
 
+def test_lower_report_sets_triton_beside_the_schedule(capsys):
+    pytest.importorskip("triton")
+    status, out, _ = run(capsys, "lower", "matmul", "--size", "a=128", "--size", "b=128",
+                         "--size", "c=128", "--hardware", "h200", "--report")
+    assert status == 0 and "pallas_call" not in out   # the report instead of the source
+    lines = out.splitlines()
+    assert lines[0].startswith("matmul: tiles") and "H200 SXM [gmem+smem], bf16" in lines[0]
+    assert lines[1].startswith("allocated by triton 3.9") and "sm_90" in lines[1]
+    smem = next(ln for ln in lines if ln.startswith("smem "))
+    assert re.search(r"peak +[\d,]+ +shared [\d,]+ B = \d+\.\d\dx modelled$", smem), smem
+    assert re.search(r"^registers +not modelled +- +\d+ registers/thread", out, re.M), out
+    assert re.search(r"^ +A_blk +bf16\[a=128, b=128\] +tile +32,768$", out, re.M), out
+
+
+def test_lower_report_of_a_certificate_without_triton_keeps_the_schedule(capsys, monkeypatch):
+    monkeypatch.setattr("napkin.lower.ptx.versions", lambda: ("0.11.2", "3.6.0"))
+    status, out, _ = run(capsys, "lower", str(ROOT / "proofs/certificates/tiled_matmul.json"),
+                         "--report")
+    assert status == 0
+    lines = out.splitlines()
+    assert lines[1] == ("allocated: not compiled: triton 3.6.0 cannot read the Triton IR of "
+                        "jaxlib 0.11.2 (only triton 3.8 can): pip install 'triton==3.8.*'")
+    assert re.search(r"^smem +peak +10,240$", out, re.M), out
+    assert re.search(r"^ +acc_C +bf16\[a=32, c=32\] +state +2,048$", out, re.M), out
+
+
 def test_user_algorithm_from_a_file_optimises_lowers_and_matches(capsys, tmp_path):
     (tmp_path / "mine.py").write_text('''
 import napkin as nk
@@ -124,6 +151,11 @@ def test_demo_runs_the_main_job(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "verified in" in out.stdout
     assert (tmp_path / "before_after.png").exists() and (tmp_path / "attention_kernel.py").exists()
+    # the certificate names the demo's own statement of attention, the diagram it searched
+    from napkin.certificate import Certificate, fingerprint, load_algorithm
+    cert = Certificate.load(tmp_path / "attention.cert.json")
+    assert cert.algorithm == {"from": "attention.py:attention"}
+    assert cert.source == fingerprint(load_algorithm(cert.algorithm, tmp_path).build("f32"))
 
 
 def test_gpu_benchmark_cpu_smoke():

@@ -1,0 +1,194 @@
+"""The pipeline as a library call: an algorithm in; its best streamed program out, with
+tiles, launch parameters, cost, certificate, schedule and kernel.
+
+    import napkin
+    fa = napkin.optimize("attention", hardware="h100", sizes={"q": 8192}, dtype="bf16")
+    fa.chain, fa.tiles, fa.cost      # the moves, {"g_q": 256, "s_x": 8}, the symbolic Cost
+    fa.check()                       # the certificate, replayed by the independent checker
+    fa.kernel()(Q, K, V)             # a JAX function (Pallas; interpret mode without a GPU)
+
+The command line (optimize, cost, lower, run, pseudocode, demo, draw --streamed) is a
+thin layer over :func:`optimize`.  Nothing heavy is imported until it is called.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+from napkin.errors import NapkinError
+
+BACKENDS = ("triton",)  # kernel backends: Pallas on Triton (napkin.lower)
+
+
+@dataclass(frozen=True, eq=False)
+class Optimized:
+    """What :func:`optimize` found for one algorithm, hardware, sizes and dtype.
+
+    ``program``, ``chain`` and ``cost`` are the search's best; ``tiles`` are its tile
+    values (or, after :meth:`fit`, those shrunk to smaller sizes).  ``certificate`` is
+    derived when first asked for; it is None when ``source`` is None (a bare diagram
+    names no algorithm a checker could rebuild)."""
+    name: str                 # a label: the library name, FILE.py:NAME, or "algorithm"
+    algorithm: object         # the diagram searched
+    source: str | dict | None  # what a certificate names it by: a library name or
+                              # {"from": "FILE.py:NAME"}; None for a bare diagram
+    hardware: object          # the profile as searched (its GMEM + SMEM view for levels="two")
+    sizes: dict               # axis name -> int
+    dtype: str | None         # storage dtype of every value (None: each wire's own)
+    search: object            # napkin.search.SearchResult
+    tiles: dict               # tile name -> int
+    launch: dict              # the lowering's launch parameters (its defaults: none is searched)
+    base: Path | None = None  # the folder a relative FILE.py of ``source`` is in
+
+    @property
+    def program(self):
+        return self.search.best.program
+
+    @property
+    def chain(self) -> tuple:
+        return self.search.best.chain
+
+    @property
+    def cost(self):
+        """napkin.cost.Cost of the program on ``hardware`` (symbolic in sizes and tiles)."""
+        return self.search.best.cost
+
+    @functools.cached_property
+    def certificate(self):
+        """The chain as a certificate, at a small instance of these sizes and tiles (the
+        derivation is symbolic; the checker also draws instances of its own)."""
+        if self.source is None:
+            return None
+        from napkin.certificate import derive, fingerprint
+        small, small_tiles = check_instance(self.sizes, self.tiles)
+        cert = derive(self.source, [(m.rule, m.site, m.params_dict) for m in self.chain],
+                      small, small_tiles, base=self.base)
+        if cert.source != fingerprint(self.algorithm):  # a certificate of another diagram
+            raise NapkinError(f"source {_label(self.source)} builds a different diagram from "
+                              f"the one searched: a certificate must name the very diagram it "
+                              f"certifies")
+        return cert
+
+    def check(self, numeric: bool = True):
+        """Replay the certificate with the independent checker: a CheckReport."""
+        if self.certificate is None:
+            raise NapkinError(f"{self.name} has no certificate: a bare diagram names no "
+                              f"algorithm the checker can rebuild; give optimize source="
+                              f"'LIBRARY_NAME' or source={{'from': 'FILE.py:NAME'}}")
+        from napkin.checker import check_certificate
+        return check_certificate(self.certificate, numeric=numeric)
+
+    def kernel(self, backend: str = "triton", *, interpret="auto", dtype: str | None = None):
+        """The program as a JAX function with these tiles and launch parameters.
+        ``dtype``: the kernel's input and output dtype (default: the searched one)."""
+        if backend not in BACKENDS:
+            raise NapkinError(f"unknown kernel backend {backend!r} (known: "
+                              f"{', '.join(BACKENDS)})")
+        from napkin.lower import lower
+        return lower(self.program, self.tiles, interpret=interpret, dtype=dtype or self.dtype,
+                     name=self.name.rpartition(":")[2], **self.launch)  # FILE.py:NAME -> NAME
+
+    def fit(self, sizes: dict) -> Optimized:
+        """This program at other (smaller) sizes, its tiles shrunk to powers of two of at
+        most a quarter of their axis, so that a small run still has several groups and
+        chunks.  The search is not redone: the structure stays the one found."""
+        sizes = sizes_for(self.algorithm, sizes)
+        axis_of = {t.name: info.axis for t, info in self.cost.tiles.items()}
+
+        def shrunk(tile: str, value: int) -> int:
+            return min(int(value), _pow2_at_most(sizes.get(axis_of.get(tile), value) // 4))
+        return dataclasses.replace(self, sizes=sizes,
+                                   tiles={t: shrunk(t, v) for t, v in self.tiles.items()})
+
+    @property
+    def schedule(self):
+        """The program as one loop nest on ``hardware`` (napkin.schedule): the very one
+        ``cost`` folds."""
+        return self.cost.schedule
+
+
+def optimize(algorithm, hardware="h100", sizes: dict | None = None, dtype: str | None = "bf16",
+             *, source=None, base=None, levels: str = "two", max_states: int = 2000,
+             max_seconds: float = 60.0) -> Optimized:
+    """Search ``algorithm``'s fastest streamed program on ``hardware`` (a profile name,
+    a TOML file or a :class:`napkin.hardware.Hardware`).
+
+    ``algorithm``: a library name, a :class:`napkin.library.Algorithm`, a diagram, or
+    ``{"from": "FILE.py:NAME"}`` (FILE's code runs here).  ``source`` names a diagram's
+    algorithm for its certificate (a library name or ``{"from": ...}``, relative to
+    ``base``, default the current directory); a library name or Algorithm is its own.
+    ``sizes``: axis sizes, unset axes taking the library defaults.  ``dtype``: bytes per
+    value for the cost model (None: each wire's own dtype).  ``levels``: "two" (GMEM +
+    SMEM, the paper's setting) or "all" (the profile's whole hierarchy)."""
+    from napkin.arrays import canonical_dtype
+    from napkin.lower.pallas import LAUNCH
+    from napkin.search import search  # looked up per call: tests replace it
+    name, diagram, source = _resolve(algorithm, source, base)
+    sizes = sizes_for(diagram, sizes or {})
+    dtype = None if dtype is None else canonical_dtype(dtype)
+    r = search(diagram, hardware, sizes, dtype, max_states=max_states, max_seconds=max_seconds,
+               levels=levels)
+    return Optimized(name, diagram, source, r.hardware, sizes, dtype, r,
+                     dict(r.best.tiles.values), dict(LAUNCH), None if base is None else Path(base))
+
+
+def _resolve(algorithm, source, base) -> tuple[str, object, str | dict | None]:
+    """(label, diagram, certificate source) of what :func:`optimize` was given."""
+    from napkin.diagram import is_diagram
+    from napkin.library import LIBRARY, Algorithm, get
+    if isinstance(algorithm, str):
+        diagram, own = get(algorithm).diagram(), algorithm
+    elif isinstance(algorithm, dict):
+        from napkin.certificate import load_algorithm
+        diagram, own = load_algorithm(algorithm, base).build("f32"), algorithm
+    elif isinstance(algorithm, Algorithm):
+        diagram = algorithm.diagram()
+        own = algorithm.name if LIBRARY.get(algorithm.name) is algorithm else None
+    elif is_diagram(algorithm):
+        diagram, own = algorithm, None
+    else:
+        raise NapkinError(f"optimize takes a library name, an Algorithm, a diagram or "
+                          f"{{'from': 'FILE.py:NAME'}}, got a {type(algorithm).__name__}")
+    source = source or own
+    return _label(source) if source is not None else "algorithm", diagram, source
+
+
+def _label(source) -> str:
+    return source["from"] if isinstance(source, dict) else str(source)
+
+
+def sizes_for(diagram, given: dict, option: str = "sizes") -> dict:
+    """Every size symbol of ``diagram`` mapped to an int: ``given``, else the library
+    default.  ``option``: how the caller gives sizes, for its errors ("--size")."""
+    from napkin.certificate import size_symbols
+    from napkin.library import DEFAULT_SIZES
+    need = sorted(size_symbols(diagram))
+    out = {}
+    for n in need:
+        if n in given:
+            out[n] = given[n]
+        elif n in DEFAULT_SIZES:
+            out[n] = DEFAULT_SIZES[n]
+        else:
+            ask = f"--size {n}=N" if option == "--size" else f"{option}={{{n!r}: N}}"
+            raise NapkinError(f"no size for axis {n}: give {ask}")
+    unknown = sorted(set(given) - set(need))
+    if unknown:
+        raise NapkinError(f"{option} names {', '.join(unknown)}, which the algorithm does not "
+                          f"have (its axes: {', '.join(need)})")
+    return out
+
+
+def check_instance(sizes: dict, tiles: dict) -> tuple[dict, dict]:
+    """A small instance for a certificate's numeric check: tiles of 2–4 and ragged sizes."""
+    return {a: min(v, 9) for a, v in sizes.items()}, {t: min(v, 4) for t, v in tiles.items()}
+
+
+def _pow2_at_most(n: int) -> int:
+    """The largest power of two ≤ n (1 for n < 2)."""
+    return 1 << max(int(n), 1).bit_length() - 1
+
+
+__all__ = ["BACKENDS", "Optimized", "check_instance", "optimize", "sizes_for"]
