@@ -25,8 +25,7 @@ from napkin.region import Site, body_at
 from napkin.trace import Array, trace
 from rewrites import RULES
 
-pytestmark = [pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated"),
-              pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")]
+pytestmark = [pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated")]
 
 
 def derive(name, steps, program=None):
@@ -286,11 +285,96 @@ def test_interpret_is_automatic_on_a_cpu():
     assert kern.resolve_interpret(False) is False
 
 
-def test_triton_compiles_the_kernels_for_hopper():
+def _pins() -> dict:
+    """The versions pyproject's dev extra pins, by package."""
+    import tomllib
+    from pathlib import Path
+    dev = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    return dict(p.split("==") for p in dev["project"]["optional-dependencies"]["dev"]
+                if "==" in p)
+
+
+def test_triton_compiles_the_kernels_for_hopper(monkeypatch):
+    """Triton's whole pipeline for sm_90, no GPU needed (the dev extra's triton): small
+    kernels, a second or two each."""
     pytest.importorskip("triton")
-    from napkin.lower import compile_ptx
-    for name in ("causal_attention", "gqa", "rmsnorm_matmul"):
-        sizes = CASES[name][3]
-        shapes = [x.shape for x in inputs(name, sizes)]
-        (k,) = compile_ptx(kernel_for(name, "bf16"), shapes)
-        assert 0 < k["shared"] <= 227 * 1024 and ".target sm_90" in k["ptx"]
+    from napkin.lower import ptx
+    jaxlib, triton = ptx.versions()
+    if jaxlib != _pins()["jaxlib"]:  # not set up from the dev extra (the GPU machine has
+        pytest.skip(f"jaxlib {jaxlib} is not the dev extra's pin")  # its own pair)
+    for name in ("causal_attention", "matmul"):
+        kernel = kernel_for(name, "bf16")
+        (k,) = ptx.compile_ptx(kernel, [x.shape for x in inputs(name, CASES[name][3])])
+        assert 0 < k.shared <= ptx.SHARED_LIMIT and ".target sm_90" in k.ptx
+        assert k.registers > 0 and k.spills == 0 and k.dots >= 1
+        assert (k.num_warps, k.num_stages) == (kernel.num_warps, kernel.num_stages)
+    assert k.tensor_cores  # matmul: its one dot on tensor cores
+    monkeypatch.setattr(ptx, "SHARED_LIMIT", k.shared - 1)
+    with pytest.raises(NapkinError, match=rf"matmul needs {k.shared} bytes of shared memory"):
+        ptx.compile_ptx(kernel, [x.shape for x in inputs("matmul", CASES["matmul"][3])])
+
+
+@pytest.mark.parametrize("jaxlib, triton, words", [
+    ("0.11.2", "3.9.0", ["triton 3.9.0 cannot read", "jaxlib 0.11.2", "'triton==3.8.*'"]),
+    ("0.12.0.1", "3.8.0", ["triton 3.8.0 cannot read", "jaxlib 0.12.0.1", "'triton==3.9.*'"]),
+    ("0.12.0.1", None, ["needs triton 3.9", "'triton==3.9.*'"]),
+    ("0.13.0", "3.9.0", ["jaxlib 0.13.0", "known pairs", "jaxlib 0.12 with triton 3.9"]),
+], ids=["0.11-3.9", "0.12-3.8", "no-triton", "unknown-jaxlib"])
+def test_a_mismatched_triton_is_one_clear_line_before_any_parsing(monkeypatch, jaxlib, triton,
+                                                                   words):
+    from napkin.lower import pallas, ptx
+
+    def never(*_):
+        raise AssertionError("exported or parsed despite the mismatch")
+    monkeypatch.setattr(ptx, "versions", lambda: (jaxlib, triton))
+    monkeypatch.setattr(pallas, "export_cuda", never)
+    monkeypatch.setattr(ptx, "_compile", never)
+    with pytest.raises(NapkinError) as e:
+        ptx.compile_ptx(kernel_for("matmul"), [(32, 64), (64, 32)])
+    assert "\n" not in str(e.value) and all(w in str(e.value) for w in words), str(e.value)
+
+
+def test_the_dev_extra_pins_a_known_pair():
+    """pyproject's dev extra installs jax, jaxlib and triton together, as a known pair."""
+    from napkin.lower.ptx import TRITON_FOR_JAXLIB
+    pins = _pins()
+    assert pins["jax"] == pins["jaxlib"]
+    assert TRITON_FOR_JAXLIB[".".join(pins["jaxlib"].split(".")[:2])] == \
+        ".".join(pins["triton"].split(".")[:2])
+
+
+def test_report_sets_what_triton_allocates_beside_the_schedule():
+    pytest.importorskip("triton")
+    from napkin.cost.model import value_at
+    from napkin.hardware import get_hardware
+    from napkin.lower.ptx import compile_ptx
+    from napkin.lower.report import modelled, report
+    from napkin.schedule import build
+    sizes, tiles = CASES["matmul"][2], CASES["matmul"][1]
+    kernel, shapes = kernel_for("matmul", "bf16"), [(32, 64), (64, 32)]
+    schedule = build(derive("matmul", MATMUL), get_hardware("h100").two_level(), "bf16")
+    text = report(kernel, schedule, sizes, shapes)
+    smem = {lv.name: lv for lv in modelled(schedule, {**sizes, **tiles})}["smem"]
+    assert smem.peak == max(value_at(b, {**sizes, **tiles}) for b in schedule.memory["smem"][1])
+    assert {"A_blk", "B_blk"} <= {b[0] for b in smem.buffers}
+    (k,) = compile_ptx(kernel, shapes)
+    row = next(ln for ln in text.splitlines() if ln.startswith("smem "))
+    assert f"{smem.peak:,}" in row and f"shared {k.shared:,} B = {k.shared / smem.peak:.2f}x" in row
+    row = next(ln for ln in text.splitlines() if ln.startswith("registers "))
+    assert f"{k.registers} registers/thread" in row and "spills 0 B/thread" in row
+    assert "1 dot: all on tensor cores" in text
+
+
+def test_report_without_triton_says_so_and_keeps_the_schedule(monkeypatch):
+    from napkin.hardware import get_hardware
+    from napkin.lower import ptx
+    from napkin.lower.report import report
+    from napkin.schedule import build
+    monkeypatch.setattr(ptx, "versions", lambda: ("0.12.0.1", None))
+    schedule = build(derive("matmul", MATMUL), get_hardware("h100").two_level(), "bf16")
+    lines = report(kernel_for("matmul", "bf16"), schedule, CASES["matmul"][2],
+                   [(32, 64), (64, 32)]).splitlines()
+    assert lines[1] == ("allocated: not compiled: compiling to PTX needs triton 3.9 (it reads "
+                        "jaxlib 0.12.0.1's Triton IR): pip install 'triton==3.9.*'")
+    assert any(ln.startswith("smem ") and "peak" in ln for ln in lines)
+    assert any("A_blk" in ln and "bf16[a=16, b=16]" in ln for ln in lines)

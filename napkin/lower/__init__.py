@@ -3,12 +3,13 @@
 ``lower(program, tiles)`` → :class:`LoweredKernel` (a JAX function: jit, vmap,
 interpret mode on a CPU); ``export_cuda`` lowers it for an H100/H200 on any
 machine; ``hbm_bytes`` counts the bytes it moves through HBM, read off the
-kernel's own jaxpr; ``compile_ptx`` (needs the optional ``triton`` package)
-compiles it to PTX for sm_90 on any machine.  See napkin/lower/pallas.py for the scheme.
+kernel's own jaxpr; ``compile_ptx`` (needs the ``triton`` of the dev extra)
+compiles it to PTX for sm_90 on any machine, and ``napkin.lower.report`` sets
+what Triton allocated beside the schedule's buffers.  See napkin/lower/pallas.py for the scheme.
 """
 from napkin.lower.pallas import KernelPlan, LoweredKernel, export_cuda, lower
-from napkin.lower.ptx import compile_ptx
+from napkin.lower.ptx import CompiledKernel, compile_ptx
 from napkin.lower.traffic import Traffic, hbm_bytes, traffic
 
-__all__ = ["KernelPlan", "LoweredKernel", "Traffic", "compile_ptx", "export_cuda", "hbm_bytes",
-           "lower", "traffic"]
+__all__ = ["CompiledKernel", "KernelPlan", "LoweredKernel", "Traffic", "compile_ptx",
+           "export_cuda", "hbm_bytes", "lower", "traffic"]

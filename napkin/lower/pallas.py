@@ -90,6 +90,9 @@ I32 = jax.ShapeDtypeStruct((), jnp.int32)
 INTERPRET_COMPILER_OPTIONS = {"xla_backend_optimization_level": 0,
                               "xla_llvm_disable_expensive_passes": True}
 _counter = itertools.count()
+# Triton launch parameters (warps per program, software-pipelining stages): the defaults,
+# since nothing chooses them yet
+LAUNCH = {"num_warps": 4, "num_stages": 2}
 
 
 def is_pow2(n: int) -> bool:
@@ -181,41 +184,12 @@ def absorbing(update, axis: str) -> str | None:
             return "a masked value leaves the update unreduced"
         for n in g.successors(v):
             node = g.nodes[n]
-            spec = node["box"].data
             ins = [g.nodes[u]["ob"].type for u in node["ins"]]
-            outs = node["outs"]
-            port = node["ins"].index(v)
-            other = [t for i, t in enumerate(ins) if i != port]
-            kind = spec.kind
-            new = None
-            if kind == "map":
-                if spec.fn == "id" or (spec.fn == "scale" and sympy.sympify(spec.param).is_positive):
-                    new = tag
-                elif spec.fn == "exp" and tag == "NEG":
-                    new = "ZERO"
-            elif kind == "cast":
-                new = tag
-            elif kind == "mask" and tag == "NEG" and port == 0:
-                new = "NEG"
-            elif kind == "zip":
-                if tag == "NEG" and spec.fn in ("sub", "add") and port == 0 \
-                        and not other[0].has(axis):
-                    new = "NEG"
-                elif tag == "NEG" and spec.fn == "add" and port == 1 and not other[0].has(axis):
-                    new = "NEG"
-                elif tag == "ZERO" and spec.fn == "mul":
-                    new = "ZERO"
-            elif kind == "reduce" and spec.axis == axis:
-                if (tag == "NEG" and spec.fn in ("max", "logsumexp")) or \
-                        (tag == "ZERO" and spec.fn == "sum"):
-                    continue
-            elif kind == "contract" and tag == "ZERO":
-                if axis not in spec.out:
-                    continue
-                new = "ZERO"
+            new = node["box"].data.absorbs(tag, node["ins"].index(v), ins, axis)
             if new is None:
                 return f"{node['box'].name} does not absorb masked entries"
-            work += [(u, new) for u in outs]
+            if new != "ABSORBED":
+                work += [(u, new) for u in node["outs"]]
     return None
 
 
@@ -456,17 +430,10 @@ class _Writer:
         ins, outs = array_types(box.dom), array_types(box.cod)
         if not any(t.has(axis) for t in ins):
             return args
-        spec = box.data
-        reduces = not any(t.has(axis) for t in outs)
-        if spec.kind == "softmax" and spec.axis == axis:
-            neutral = float("-inf")
-        elif not reduces:
+        neutral = box.data.neutral(axis)  # what the box declares pads its reduction
+        if neutral is None and any(t.has(axis) for t in outs):
             return args  # woven over the axis: position by position
-        elif spec.kind == "contract" or (spec.kind == "reduce" and spec.fn == "sum"):
-            neutral = 0.0
-        elif spec.kind == "reduce" and spec.fn in ("max", "logsumexp"):
-            neutral = float("-inf")
-        else:
+        if neutral is None:
             raise NapkinError(f"{box.name} reduces the streamed axis {axis}; the lowering knows "
                               f"no neutral element for it (ragged chunks need one): make {axis} "
                               f"a multiple of the chunk")
@@ -822,8 +789,8 @@ class LoweredKernel:
     """
 
     def __init__(self, program, tiles: dict, *, interpret="auto", dtype=None,
-                 num_warps: int = 4, num_stages: int = 2, f32_precision: str = "highest",
-                 name: str | None = None):
+                 num_warps: int = LAUNCH["num_warps"], num_stages: int = LAUNCH["num_stages"],
+                 f32_precision: str = "highest", name: str | None = None):
         self.program = program
         self.tiles = {_symbol(k): v for k, v in (tiles or {}).items()}
         for key, v in self.tiles.items():

@@ -1,0 +1,113 @@
+"""A kernel's memory as modelled and as allocated, side by side (``napkin lower --report``).
+
+Modelled: the schedule (``napkin.schedule.build``) at the concrete sizes and tiles, per level —
+its peak bytes, and the buffers declared at that level (read off the schedule's items: the
+Buffers it declares and the Steps' outputs).  Allocated: what Triton and ptxas made of the
+lowered kernel (:func:`napkin.lower.ptx.compile_ptx`) — shared memory beside the smem level,
+with the ratio allocated/modelled, and registers and spills beside the registers level.
+Without a matching triton the allocated side is one line saying why.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from napkin.cost.model import value_at
+from napkin.errors import NapkinError
+from napkin.lower.ptx import SHARED_LIMIT, CompiledKernel, compile_ptx, versions
+from napkin.schedule import Buffer, Schedule, Step
+
+
+@dataclass
+class Level:
+    """One level of the schedule at concrete sizes: its peak and the buffers declared there."""
+    name: str
+    peak: int | None                             # None: the schedule has no such level
+    buffers: list = field(default_factory=list)  # (name, dtype[axis=n, ...], role, bytes)
+
+
+def modelled(schedule: Schedule, env: dict) -> list[Level]:
+    """The schedule's levels at ``env`` (axis and tile sizes by name), top first."""
+    levels = {lv: Level(lv, int(max(value_at(b, env) for b in byts)))
+              for lv, (_, byts) in schedule.memory.items()}
+    seen: set = set()
+    for item, _ in schedule.walk():
+        bufs = [item] if isinstance(item, Buffer) else \
+            [b for b in item.outs if b is not None] if isinstance(item, Step) else []
+        for b in bufs:
+            # a step's "next" output is its state's own buffer, updated in place
+            if not b.declared or b.role == "next" or id(b) in seen:
+                continue
+            seen.add(id(b))
+            shape = ", ".join(f"{a}={int(value_at(n, env))}" for a, n in b.axes)
+            role = b.note or b.role
+            if b.in_place_of is not None:
+                role += f", in place of {b.in_place_of.name}"
+            levels[b.level].buffers.append((b.name, f"{b.dtype}[{shape}]", role,
+                                            int(value_at(b.bytes, env))))
+    return list(levels.values())
+
+
+def allocated(kernel, shapes) -> list[CompiledKernel] | str:
+    """Triton's compilation of the kernel for sm_90, or one line saying why there is none."""
+    try:
+        return compile_ptx(kernel, shapes, check_shared=False)
+    except NapkinError as e:
+        return str(e)
+
+
+def report(kernel, schedule: Schedule, sizes: dict, shapes) -> str:
+    """The schedule's buffers per level beside what the compiler allocated for ``kernel``
+    (a LoweredKernel of the schedule's program; ``shapes``: its input shapes)."""
+    env = {**sizes, **{str(t): v for t, v in kernel.tiles.items()}}
+    compiled = allocated(kernel, shapes)
+    tiles = ", ".join(f"{t}={v}" for t, v in kernel.tiles.items()) or "none"
+    lines = [f"{kernel.name}: tiles {tiles}; modelled by the schedule on "
+             f"{schedule.hardware.name}, {schedule.dtype or 'own dtypes'}"]
+    if isinstance(compiled, str):
+        lines.append(f"allocated: not compiled: {compiled}")
+        compiled = []
+    else:
+        lines.append(f"allocated by triton {versions()[1]} for sm_{compiled[0].arch}: "
+                     + "; ".join(_launch(c) for c in compiled))
+    rows = [("level", "buffer", "shape", "role", "modelled B", "allocated")]
+    levels = modelled(schedule, env)
+    if "registers" not in schedule.levels:
+        levels.append(Level("registers", None))  # for the compiler's registers and spills
+    for lv in levels:
+        rows.append((lv.name, "not modelled" if lv.peak is None else "peak", "", "",
+                     "-" if lv.peak is None else f"{lv.peak:,}",
+                     "; ".join(_cell(lv, c) for c in compiled)))
+        rows += [("", name, shape, role, f"{nbytes:,}", "")
+                 for name, shape, role, nbytes in lv.buffers]
+    return "\n".join(lines + [_table(rows)])
+
+
+def _launch(c: CompiledKernel) -> str:
+    dots = f"{c.dots} dot{'s' * (c.dots != 1)}"
+    where = ("none on tensor cores" if c.fma_dots == c.dots else "all on tensor cores"
+             if c.tensor_cores else f"{c.dots - c.fma_dots} on tensor cores, {c.fma_dots} on "
+             f"CUDA cores (FMA)")
+    return f"{c.name}, {c.num_warps} warps, {c.num_stages} stages, {dots}: {where}"
+
+
+def _cell(lv: Level, c: CompiledKernel) -> str:
+    """The compiler's figure for one level: shared memory for smem, registers for registers."""
+    if lv.name == "smem":
+        ratio = f" = {c.shared / lv.peak:.2f}x modelled" if lv.peak else ""
+        over = f", over the {SHARED_LIMIT:,} B limit" if c.shared > SHARED_LIMIT else ""
+        return f"shared {c.shared:,} B{ratio}{over}"
+    if lv.name == "registers":
+        per_block = c.registers * 4 * 32 * c.num_warps
+        return (f"{c.registers} registers/thread ({per_block:,} B per block), "
+                f"spills {c.spills:,} B/thread")
+    return ""
+
+
+def _table(rows) -> str:
+    """Aligned columns; the byte column right-aligned."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    out = []
+    for r in rows:
+        cells = [c.rjust(w) if i == 4 else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))]
+        out.append("  ".join(cells).rstrip())
+    return "\n".join(out)
