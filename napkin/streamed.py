@@ -20,6 +20,7 @@ actual length of each piece.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -317,38 +318,51 @@ def _names(program) -> Names:
 
     def note_type(t: ArrayType):
         for a in t.axes:
-            axes.add(a.name)
-            if isinstance(a.size, sympy.Basic):
-                symbols.update(str(s) for s in a.size.free_symbols)
+            name, free = _axis_names(a)
+            axes.add(name)
+            symbols.update(free)
 
     def note_value(v):
         if isinstance(v, sympy.Basic):
-            symbols.update(str(s) for s in v.free_symbols)
+            symbols.update(_free_names(v))
         elif isinstance(v, ArrayType):
             note_type(v)
         elif isinstance(v, (tuple, list)):
             for w in v:
                 note_value(w)
         elif is_diagram(v):
-            walk(v)
+            inner = names(v)  # memoised: a body shared by many programs is walked once
+            axes.update(inner.axes)
+            symbols.update(inner.sizes)
+            for name, uses in inner.tiles.items():
+                tiles.setdefault(name, set()).update(uses)
 
-    def walk(d):
-        for ob in (*d.dom.inside, *d.cod.inside):
-            note_type(ob.type)
-        for box in d.boxes:
-            for ob in (*box.dom.inside, *box.cod.inside):
-                if hasattr(ob, "type"):
-                    note_type(ob.type)
-            spec = getattr(box, "data", None)
-            if spec is None or not dataclasses.is_dataclass(spec):
-                continue
-            tile = tile_of(spec)
-            if tile is not None:
-                tiles.setdefault(tile.name, set()).add(tile)
-            for f in dataclasses.fields(spec):
-                note_value(getattr(spec, f.name))
-    walk(program)
+    for ob in (*program.dom.inside, *program.cod.inside):
+        note_type(ob.type)
+    for box in program.boxes:
+        for ob in (*box.dom.inside, *box.cod.inside):
+            if hasattr(ob, "type"):
+                note_type(ob.type)
+        spec = getattr(box, "data", None)
+        if spec is None or not dataclasses.is_dataclass(spec):
+            continue
+        tile = tile_of(spec)
+        if tile is not None:
+            tiles.setdefault(tile.name, set()).add(tile)
+        for f in dataclasses.fields(spec):
+            note_value(getattr(spec, f.name))
     return Names(axes, symbols - set(tiles), tiles)
+
+
+@functools.lru_cache(maxsize=None)
+def _free_names(expr) -> frozenset:
+    return frozenset(str(s) for s in expr.free_symbols)
+
+
+@functools.lru_cache(maxsize=None)
+def _axis_names(axis) -> tuple:
+    size = axis.size
+    return axis.name, (_free_names(size) if isinstance(size, sympy.Basic) else frozenset())
 
 
 def tile_of(spec) -> TileUse | None:
