@@ -63,7 +63,7 @@ def _labelled_graph(diagram) -> nx.DiGraph:
             out.add_node(n, label=render_value(data["ob"].type) + ",".join(ends.get(n, [])),
                          spec=None)
         else:
-            spec = data["box"].data
+            spec = data["box"].spec
             out.add_node(n, label=_spec_label(spec), spec=spec)
             for port, v in enumerate(data["ins"]):
                 # a value read twice by one box: both ports on one edge
@@ -86,7 +86,7 @@ def _canonical_hash(diagram) -> str:
     boxes = []
     for n in op_order(g):  # any topological order gives the same names
         node = g.nodes[n]
-        h = _sha(_spec_label(node["box"].data) + "(" + ",".join(name[v] for v in node["ins"]) + ")")
+        h = _sha(_spec_label(node["box"].spec) + "(" + ",".join(name[v] for v in node["ins"]) + ")")
         boxes.append(h)
         for k, v in enumerate(node["outs"]):
             name[v] = _sha(f"{h}.{k}:{render_value(g.nodes[v]['ob'].type)}")

@@ -153,7 +153,7 @@ def _render_uncached(diagram, indent: str, labels: bool) -> str:
     for i, n in enumerate(op_order(g)):
         node = g.nodes[n]
         box = node["box"]
-        spec = getattr(box, "data", None)
+        spec = getattr(box, "spec", None)
         if spec is None:
             raise TypeError(f"cannot fingerprint box {box.name!r}: it has no primitive spec")
         for j, v in enumerate(node["outs"]):

@@ -131,7 +131,7 @@ def partitions(program) -> list[tuple]:
 
     def walk(d):
         for box in d.boxes:
-            spec = getattr(box, "data", None)
+            spec = getattr(box, "spec", None)
             kind = getattr(spec, "kind", None)
             if kind not in ("group", "stream"):
                 continue
@@ -202,7 +202,7 @@ def narrowest(diagram) -> str:
         found.update(ob.type.dtype for ob in (*d.dom.inside, *d.cod.inside))
         for box in d.boxes:
             found.update(ob.type.dtype for ob in (*box.dom.inside, *box.cod.inside))
-            for body in getattr(getattr(box, "data", None), "bodies", ()):
+            for body in getattr(getattr(box, "spec", None), "bodies", ()):
                 walk(body)
     walk(diagram)
     return min((d for d in found if d in order), key=order.index, default="f64")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from napkin.cli import PICTURES, Outputs, arg, command, signature, table
 from napkin.errors import NapkinError
+from napkin.lower.backends import BACKENDS, DEFAULT as DEFAULT_BACKEND
 from napkin.pipeline import sizes_for
 
 SIZE = arg("--size", action="append", default=[], metavar="AXIS=N",
@@ -340,6 +341,8 @@ def result_json(r, sizes, cert_path) -> dict:
 # ----------------------------------------------------------------------------- lower / run / demo
 RUN_SIZES = {"q": 256, "x": 256, "d": 64, "a": 256, "b": 256, "c": 256, "h": 2, "k": 2, "r": 2,
              "n": 128, "v": 1024, "e": 128, "batch": 2}
+BACKEND = arg("--backend", choices=tuple(BACKENDS), default=DEFAULT_BACKEND,
+              help=f"the kernel backend (default: {DEFAULT_BACKEND})")
 INTERPRET = arg("--interpret", choices=("auto", "on", "off"), default="auto",
                 help="Pallas interpret mode: auto = when no GPU is present")
 
@@ -403,7 +406,7 @@ def kernel_dtype(dtype: str) -> str:
 
 @command("lower", "write the Pallas kernel of an algorithm's best program (or a certificate's)",
          arg("algorithm", metavar="ALGO|CERTIFICATE", nargs="?"), FROM, SIZE, HARDWARE, DTYPE,
-         arg("--emit", metavar="PATH", help="write the kernel's Python source here"),
+         BACKEND, arg("--emit", metavar="PATH", help="write the kernel's Python source here"),
          arg("--force", action="store_true", help="let --emit overwrite an existing file"),
          arg("--report", action="store_true",
              help="instead of the source: the schedule's buffers per level beside what Triton "
@@ -421,12 +424,13 @@ def _lower_to(args, emit, out) -> int:
     if cert is not None:
         from napkin.hardware import get_hardware
         program, sizes = replay(cert, args.algorithm), dict(cert.sizes)
-        k = lower(program, dict(cert.tiles), dtype=args.dtype, name=str(name))
+        k = lower(program, dict(cert.tiles), backend=args.backend, dtype=args.dtype,
+                  name=str(name))
         hardware = get_hardware(args.hardware).two_level()  # as `cost` models a certificate
     else:
         sizes = sizes_for(diagram, parse_sizes(args.size), "--size")
         opt = optimized(args, name, diagram, sizes=sizes)
-        k, program, hardware = opt.kernel(), opt.program, opt.hardware
+        k, program, hardware = opt.kernel(args.backend), opt.program, opt.hardware
     shapes = _shapes(diagram, sizes)
     src = k.source(*shapes)
     if emit:
@@ -437,13 +441,15 @@ def _lower_to(args, emit, out) -> int:
     if args.report:
         from napkin.lower.report import report
         from napkin.schedule import build
-        print(report(k, build(program, hardware, args.dtype), sizes, shapes))
+        stages = k.launch.get("num_stages", 1)  # the backend's software pipelining
+        print(report(k, build(program, hardware, args.dtype, stages=stages), sizes, shapes))
     return 0
 
 
 @command("run", "optimise → check the certificate → lower → run on random inputs → compare",
          arg("algorithm", metavar="ALGO", nargs="?"), FROM, SIZE, HARDWARE,
-         arg("--dtype", default="f32", metavar="DT", help="input dtype (default: f32)"), INTERPRET)
+         arg("--dtype", default="f32", metavar="DT", help="input dtype (default: f32)"), BACKEND,
+         INTERPRET)
 def _run(args) -> int:
     from napkin.library import DEFAULT_SIZES
     from napkin.lower import hbm_bytes
@@ -467,7 +473,7 @@ def _run(args) -> int:
     print(f"certificate: {report}")
     if not report.ok:
         raise NapkinError(f"the derived certificate does not check: {report}")
-    k = opt.kernel()
+    k = opt.kernel(args.backend)
     err, wall = run_and_compare(k, None if args.from_ else _library(name), diagram, sizes,
                                 args.dtype, interpret)
     tol = TOL.get(args.dtype, 2e-2)
@@ -545,8 +551,8 @@ def _demo_in(args, hardware, files, out) -> int:
     t0 = time.perf_counter()
     files.make_directory(out)
     source, diagram = state_demo_algorithm(files, out)
-    print(f"1. stated: {signature(diagram)} ({len([b for b in diagram.boxes if b.data])} boxes) "
-          f"in {out / 'attention.py'}")
+    boxes = len([b for b in diagram.boxes if getattr(b, "spec", None)])
+    print(f"1. stated: {signature(diagram)} ({boxes} boxes) in {out / 'attention.py'}")
     files.write(out / "attention.png",
                 lambda: draw(diagram, out / "attention.png", title="attention"))
     print(f"2. searched ({hardware.name}, {_demo_sizes(DEMO_SIZES)}):")
@@ -623,7 +629,7 @@ def _pseudocode(args) -> int:
 def _stream_rules(program) -> set[str]:
     out = set()
     for b in program.boxes:
-        spec = getattr(b, "data", None)
+        spec = getattr(b, "spec", None)
         if spec is not None and spec.kind == "stream":
             out.update(spec.rule.split("+"))
         if spec is not None and spec.kind == "group":

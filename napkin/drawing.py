@@ -143,7 +143,7 @@ class _Layout:
             name = pretty(box.drawing_name)
             orig = diagram.boxes[j] if j < len(diagram.boxes) else None
             # the fill its primitive declares; boxes without one (copies, swaps) are white
-            self.colors[j] = getattr(getattr(orig, "data", None), "colour", "#ffffff")
+            self.colors[j] = getattr(getattr(orig, "spec", None), "colour", "#ffffff")
             (x0, y0), (x1, y1) = (pos[Node(f"box-corner-{c}", j=j)] for c in ("00", "11"))
             cx, cy = pos[Node("box", j=j, box=box)]
             text_w = _text_width(name, BOX_FONT) + 0.16

@@ -159,7 +159,7 @@ class _Flattener:
         val = dict(zip(g.graph["inputs"], ins))
         for n in op_order(g):
             node = g.nodes[n]
-            box, spec = node["box"], node["box"].data
+            box, spec = node["box"], node["box"].spec
             args = [val[v] for v in node["ins"]]
             if spec.kind == "group":
                 outs = self.group(box, spec, args, level, frames)

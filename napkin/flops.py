@@ -75,7 +75,7 @@ class CountTy(int):
 
 
 def _box_flops(box) -> Count:
-    spec = box.data
+    spec = box.spec
     return Count(sympy.sympify(spec.flops(tuple(array_types(box.dom)), tuple(array_types(box.cod)))),
                  len(box.dom), len(box.cod))
 

@@ -548,26 +548,33 @@ class DerivedConfig:
         return "\n".join(lines)
 
 
-def _innermost_stream(program, R=None):
-    """(stream spec, its box) of the deepest stream in the program, or (None, None)."""
-    from napkin.ir import ops as op_order, to_graph
-    best = (None, None, -1)
+def innermost_stream(schedule):
+    """The deepest stream loop of a schedule (the step the derivation prices), or None;
+    the first of equally deep ones."""
+    from napkin.schedule.nest import Loop
+    best, best_depth = None, -1
 
-    def visit(D, depth):
-        nonlocal best
-        g = to_graph(D)
-        for n in op_order(g):
-            box = g.nodes[n]["box"]
-            spec = box.data
-            if spec.kind == "group":
-                visit(spec.body, depth + 1)
-            elif spec.kind == "stream":
-                if depth > best[2]:
-                    best = (spec, box, depth)
-                for sub in spec.bodies:
-                    visit(sub, depth + 1)
-    visit(program, 0)
-    return best[0], best[1]
+    def visit(loop, depth):
+        nonlocal best, best_depth
+        for it in loop.items:
+            if isinstance(it, Loop):
+                d = depth + (it.kind in ("group", "stream"))
+                if it.kind == "stream" and d > best_depth:
+                    best, best_depth = it, d
+                visit(it, d)
+    visit(schedule.root, 0)
+    return best
+
+
+def flops_per_trip(loop) -> dict:
+    """{unit: FLOPs} of one trip of ``loop``'s body, nested loops included."""
+    from napkin.schedule.nest import Step
+    out = {}
+    for it, m in loop.walk():
+        if isinstance(it, Step):
+            for unit, f in it.flops.items():
+                out[unit] = out.get(unit, 0) + f * m / loop.trips
+    return out
 
 
 def derive_config(program, hardware, tiles: Mapping, dtypes=None) -> DerivedConfig:
@@ -610,13 +617,12 @@ def derive_config(program, hardware, tiles: Mapping, dtypes=None) -> DerivedConf
             cap = hw.registers_per_sm_bytes
         inst[lv] = int(cap // b) if b else None
     loads = []
-    spec, _ = _innermost_stream(program)
+    step = innermost_stream(c.schedule)  # the schedule the cost model folds
     axis = None
-    if spec is not None:
-        axis = spec.axis
-        cu = cost(spec.update, hw, dtypes)
-        for unit, f in cu.flops_by_unit.items():
-            w = value_at(f, {**sizes, **{str(s): v for s, v in sizes.items()}})
+    if step is not None:
+        axis = step.axis
+        for unit, f in flops_per_trip(step).items():
+            w = value_at(f, sizes)
             if w == 0:
                 continue
             if unit.startswith("tensor:"):

@@ -19,7 +19,6 @@ from pathlib import Path
 
 from napkin.errors import NapkinError
 
-BACKENDS = ("triton",)  # kernel backends: Pallas on Triton (napkin.lower)
 
 
 @dataclass(frozen=True, eq=False)
@@ -83,12 +82,10 @@ class Optimized:
     def kernel(self, backend: str = "triton", *, interpret="auto", dtype: str | None = None):
         """The program as a JAX function with these tiles and launch parameters.
         ``dtype``: the kernel's input and output dtype (default: the searched one)."""
-        if backend not in BACKENDS:
-            raise NapkinError(f"unknown kernel backend {backend!r} (known: "
-                              f"{', '.join(BACKENDS)})")
         from napkin.lower import lower
-        return lower(self.program, self.tiles, interpret=interpret, dtype=dtype or self.dtype,
-                     name=self.name.rpartition(":")[2], **self.launch)  # FILE.py:NAME -> NAME
+        return lower(self.program, self.tiles, backend=backend, interpret=interpret,
+                     dtype=dtype or self.dtype, name=self.name.rpartition(":")[2],
+                     **self.launch)  # FILE.py:NAME -> NAME
 
     def fit(self, sizes: dict) -> Optimized:
         """This program at other (smaller) sizes, its tiles shrunk to powers of two of at
@@ -123,7 +120,7 @@ def optimize(algorithm, hardware="h100", sizes: dict | None = None, dtype: str |
     value for the cost model (None: each wire's own dtype).  ``levels``: "two" (GMEM +
     SMEM, the paper's setting) or "all" (the profile's whole hierarchy)."""
     from napkin.arrays import canonical_dtype
-    from napkin.lower.pallas import LAUNCH
+    from napkin.lower.backends import get_backend
     from napkin.search import search  # looked up per call: tests replace it
     name, diagram, source = _resolve(algorithm, source, base)
     sizes = sizes_for(diagram, sizes or {})
@@ -131,7 +128,7 @@ def optimize(algorithm, hardware="h100", sizes: dict | None = None, dtype: str |
     r = search(diagram, hardware, sizes, dtype, max_states=max_states, max_seconds=max_seconds,
                levels=levels)
     return Optimized(name, diagram, source, r.hardware, sizes, dtype, r,
-                     dict(r.best.tiles.values), dict(LAUNCH), None if base is None else Path(base))
+                     dict(r.best.tiles.values), dict(get_backend().launch), None if base is None else Path(base))
 
 
 def _resolve(algorithm, source, base) -> tuple[str, object, str | dict | None]:
@@ -191,4 +188,4 @@ def _pow2_at_most(n: int) -> int:
     return 1 << max(int(n), 1).bit_length() - 1
 
 
-__all__ = ["BACKENDS", "Optimized", "check_instance", "optimize", "sizes_for"]
+__all__ = ["Optimized", "check_instance", "optimize", "sizes_for"]

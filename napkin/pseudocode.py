@@ -107,7 +107,7 @@ def pretty_name(s: str) -> str:
 # --------------------------------------------------------------------------- expressions
 def _expression(box, args) -> tuple[str, int]:
     """Text and precedence of one box applied to argument texts (with precedences)."""
-    spec = box.data
+    spec = box.spec
     k = spec.kind
     txt = [a for a, _ in args]
 

@@ -45,9 +45,9 @@ def body_at(diagram, path):
         if not 0 <= i < len(order):
             raise RuleError(f"site path step {depth}: no op #{i} (the body has {len(order)})")
         box = g.nodes[order[i]]["box"]
-        if getattr(box.data, "kind", None) != "group":
+        if getattr(box.spec, "kind", None) != "group":
             raise RuleError(f"site path step {depth}: op #{i} ({box.name}) is not a group")
-        d = box.data.body
+        d = box.spec.body
     return d
 
 
@@ -58,7 +58,7 @@ def replace_at(diagram, path, new_body):
     g = to_graph(diagram)
     order = op_order(g)
     node = g.nodes[order[path[0]]]
-    spec = node["box"].data
+    spec = node["box"].spec
     inner = replace_at(spec.body, path[1:], new_body)
     new_spec = type(spec)(spec.axis, spec.size, inner, spec.level)
     dom = markov.Ty(*(g.nodes[v]["ob"] for v in node["ins"]))
@@ -135,7 +135,7 @@ def region_diagram(reg: Region, axis: str | None = None, size=None):
         node = g.nodes[n]
         box = node["box"]
         dom = markov.Ty(*(b.graph.nodes[env[v]]["ob"] for v in node["ins"]))
-        spec = box.data.relabelled(axis, size) if axis else box.data
+        spec = box.spec.relabelled(axis, size) if axis else box.spec
         new = make_op(spec, dom, [ob.name for ob in box.cod.inside], box.name)
         for v, w in zip(node["outs"], b.op(new, [env[v] for v in node["ins"]])):
             env[v] = w

@@ -151,7 +151,7 @@ def _group_paths(program, path=()):
     yield tuple(path)
     g = view(body_at(program, path))
     for i, n in enumerate(op_order(g)):
-        if g.nodes[n]["box"].data.kind == "group":
+        if g.nodes[n]["box"].spec.kind == "group":
             yield from _group_paths(program, (*path, i))
 
 
@@ -159,7 +159,7 @@ def _grouped_axes(program, path) -> set[str]:
     axes, d = set(), program
     for i in path:
         g = view(d)
-        spec = g.nodes[op_order(g)[i]]["box"].data
+        spec = g.nodes[op_order(g)[i]]["box"].spec
         axes.add(spec.axis)
         d = spec.body
     return axes
@@ -207,8 +207,8 @@ def _single_group(body):
     """The spec of the only box of ``body`` when it is a group, else None."""
     g = view(body)
     order = op_order(g)
-    if len(order) == 1 and g.nodes[order[0]]["box"].data.kind == "group":
-        return g.nodes[order[0]]["box"].data
+    if len(order) == 1 and g.nodes[order[0]]["box"].spec.kind == "group":
+        return g.nodes[order[0]]["box"].spec
     return None
 
 
@@ -525,7 +525,7 @@ def _better(best: State | None, s: State) -> State:
 
 def _primitive_boxes(program):
     for box in program.boxes:
-        spec = getattr(box, "data", None)
+        spec = getattr(box, "spec", None)
         if spec is None:
             continue
         bodies = getattr(spec, "bodies", None)

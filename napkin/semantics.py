@@ -21,7 +21,7 @@ from napkin.primitives import EvalContext
 
 def box_function(box, ctx: EvalContext):
     """The JAX function of one computational box."""
-    spec = getattr(box, "data", None)
+    spec = getattr(box, "spec", None)
     if spec is None or not hasattr(spec, "evaluate"):
         raise NapkinError(f"box {box.name!r} has no meaning (not a napkin primitive)")
     ins, outs = tuple(array_types(box.dom)), tuple(array_types(box.cod))

@@ -343,7 +343,7 @@ def _names(program) -> Names:
         for ob in (*box.dom.inside, *box.cod.inside):
             if hasattr(ob, "type"):
                 note_type(ob.type)
-        spec = getattr(box, "data", None)
+        spec = getattr(box, "spec", None)
         if spec is None or not dataclasses.is_dataclass(spec):
             continue
         tile = tile_of(spec)

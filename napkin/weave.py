@@ -45,7 +45,7 @@ def weave(diagram, axis: Axis, inputs=None):
         dom_obs = [g.nodes[v]["ob"] for v in node["ins"]]
         if not any(ob.type.has(axis.name) for ob in dom_obs):
             continue
-        new = make_op(box.data.woven(axis.name), markov.Ty(*dom_obs),
+        new = make_op(box.spec.woven(axis.name), markov.Ty(*dom_obs),
                       [ob.name for ob in box.cod.inside], box.name)
         node["box"] = new
         for v, ob in zip(node["outs"], new.cod.inside):

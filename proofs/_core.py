@@ -302,13 +302,13 @@ def _streamed(reference, rewritten) -> Streamed:
     from napkin.ir import to_graph
     g = to_graph(rewritten)
     nodes = [n for n in g.nodes if g.nodes[n]["kind"] == "op"]
-    streams = [n for n in nodes if getattr(g.nodes[n]["box"].data, "kind", None) == "stream"]
+    streams = [n for n in nodes if getattr(g.nodes[n]["box"].spec, "kind", None) == "stream"]
     if len(nodes) != 1 or len(streams) != 1:
         raise Failed(f"expected the whole body to become one stream box, got "
                      f"{[g.nodes[n]['box'].name for n in nodes]}")
     node = g.nodes[streams[0]]
     inputs, outputs = g.graph["inputs"], g.graph["outputs"]
-    return Streamed(reference, rewritten, node["box"].data, tuple(array_types(node["box"].dom)),
+    return Streamed(reference, rewritten, node["box"].spec, tuple(array_types(node["box"].dom)),
                     [inputs.index(v) for v in node["ins"]],
                     [node["outs"].index(v) for v in outputs])
 

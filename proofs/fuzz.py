@@ -270,7 +270,7 @@ def _paths(program, path=()):
     yield tuple(path)
     g = view(body_at(program, path))
     for i, n in enumerate(op_order(g)):
-        if g.nodes[n]["box"].data.kind == "group":
+        if g.nodes[n]["box"].spec.kind == "group":
             yield from _paths(program, (*path, i))
 
 

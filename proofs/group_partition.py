@@ -106,7 +106,7 @@ def grouped_equals(D, axis, sizes, groups):
     from napkin.semantics import run
     from napkin.streamed import tile_symbol
     R = apply_rule(RULE, D, {"axis": axis, "size": f"g_{axis}"})
-    kinds = [b.data.kind for b in R.boxes if getattr(b, "data", None) is not None]
+    kinds = [b.spec.kind for b in R.boxes if getattr(b, "spec", None) is not None]
     if kinds != ["group"]:
         raise Failed(f"the rule built {kinds}, not one group box")
     ctx, xs = sym_ctx(sizes), sym_inputs(D, sizes)

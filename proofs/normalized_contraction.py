@@ -55,7 +55,7 @@ def contraction_site(D):
     """The op index of the (last) contraction."""
     from napkin.ir import ops as op_order, to_graph
     g = to_graph(D)
-    idx = [i for i, n in enumerate(op_order(g)) if g.nodes[n]["box"].data.kind == "contract"]
+    idx = [i for i, n in enumerate(op_order(g)) if g.nodes[n]["box"].spec.kind == "contract"]
     return idx[-1]
 
 
@@ -86,8 +86,8 @@ def prove():
 
     def symbolic(D, sizes):
         R = rewrite(D)
-        last = [b for b in R.boxes if getattr(b, "data", None) is not None][-1]
-        if last.data.kind != "zip" or last.data.fn not in ("div", "mul"):
+        last = [b for b in R.boxes if getattr(b, "spec", None) is not None][-1]
+        if last.spec.kind != "zip" or last.spec.fn not in ("div", "mul"):
             raise Failed(f"the rewritten program does not end with the factor: {last.name}")
         ctx = sym_ctx(sizes)
         xs = sym_inputs(D, sizes)

@@ -37,8 +37,8 @@ def prove():
     def structure():
         G = apply_rule("group_partition", D, {"axis": "q", "level": "l2"})
         R = apply_rule(RULE, G, {"level": "registers"}, ops=(0,))
-        (g,), (r,) = ([b for b in P.boxes if getattr(b, "data", None) is not None] for P in (G, R))
-        old, new = g.data, r.data
+        (g,), (r,) = ([b for b in P.boxes if getattr(b, "spec", None) is not None] for P in (G, R))
+        old, new = g.spec, r.spec
         if (old.axis, old.size, old.body) != (new.axis, new.size, new.body) or \
                 old.body is not new.body:
             raise Failed("the relabelled group differs in more than its level")

@@ -34,7 +34,7 @@ def mixing_reason(box, axis: str) -> str | None:
 
 
 def _mixing_reason(box, axis: str) -> str | None:
-    spec = box.data
+    spec = box.spec
     ins = [ob.type for ob in box.dom.inside]
     outs = [ob.type for ob in box.cod.inside]
     if any(t.has(axis) for t in ins) and not any(t.has(axis) for t in outs):
@@ -45,7 +45,7 @@ def _mixing_reason(box, axis: str) -> str | None:
         return f"{box.name} mixes entries along axis {axis}"
     for inner in getattr(spec, "bodies", ()):
         for b in inner.boxes:
-            if hasattr(b, "data") and b.data is not None and hasattr(b.data, "kind"):
+            if hasattr(getattr(b, "spec", None), "kind"):
                 why = mixing_reason(b, axis)
                 if why:
                     return f"{box.name} contains {why}"
@@ -54,12 +54,12 @@ def _mixing_reason(box, axis: str) -> str | None:
 
 def nested_groups(box):
     """Every group spec in ``box`` (itself included) or anywhere inside it."""
-    spec = box.data
+    spec = box.spec
     if spec.kind == "group":
         yield spec
     for d in getattr(spec, "bodies", ()):
         for b in d.boxes:
-            if getattr(b, "data", None) is not None and hasattr(b.data, "kind"):
+            if hasattr(getattr(b, "spec", None), "kind"):
                 yield from nested_groups(b)
 
 

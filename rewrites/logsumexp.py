@@ -18,9 +18,9 @@ class LogSumExp(Streamability):
 
     def claims(self, graph, nodes, axis):
         return [Claim(self, [n], list(graph.nodes[n]["ins"]), list(graph.nodes[n]["outs"]))
-                for n in nodes if graph.nodes[n]["box"].data.kind == "reduce"
-                and graph.nodes[n]["box"].data.fn == "logsumexp"
-                and graph.nodes[n]["box"].data.axis == axis]
+                for n in nodes if graph.nodes[n]["box"].spec.kind == "reduce"
+                and graph.nodes[n]["box"].spec.fn == "logsumexp"
+                and graph.nodes[n]["box"].spec.axis == axis]
 
     def state(self, graph, claim, axis):
         t = ob(graph, claim.outputs[0]).type

@@ -15,8 +15,8 @@ class MaxReduce(Streamability):
 
     def claims(self, graph, nodes, axis):
         return [Claim(self, [n], list(graph.nodes[n]["ins"]), list(graph.nodes[n]["outs"]))
-                for n in nodes if graph.nodes[n]["box"].data.kind == "reduce"
-                and graph.nodes[n]["box"].data.fn == "max" and graph.nodes[n]["box"].data.axis == axis]
+                for n in nodes if graph.nodes[n]["box"].spec.kind == "reduce"
+                and graph.nodes[n]["box"].spec.fn == "max" and graph.nodes[n]["box"].spec.axis == axis]
 
     def state(self, graph, claim, axis):
         o = ob(graph, claim.outputs[0])

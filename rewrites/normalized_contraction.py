@@ -25,7 +25,7 @@ from rewrites.base import Rule, ob
 
 def _factor(graph, c):
     """(port, zip node, numerator value, factor value) or a reason string."""
-    spec = graph.nodes[c]["box"].data
+    spec = graph.nodes[c]["box"].spec
     if spec.kind != "contract":
         return f"{graph.nodes[c]['box'].name} is not a contraction"
     summed = {a for v in graph.nodes[c]["ins"] for a in ob(graph, v).type.names} - set(spec.out)
@@ -34,7 +34,7 @@ def _factor(graph, c):
         if not preds:
             continue
         z = preds[0]
-        zspec = graph.nodes[z]["box"].data
+        zspec = graph.nodes[z]["box"].spec
         if zspec.kind != "zip" or zspec.fn not in ("div", "mul"):
             continue
         if list(graph.successors(v)) != [c] or v in graph.graph["outputs"] \
@@ -87,7 +87,7 @@ class NormalizedContraction(Rule):
         g, c, (port, z, num, den, fn) = self._find(program, site)
         order = op_order(g)
         reg = region(g, [order.index(z), order.index(c)])
-        spec = g.nodes[c]["box"].data
+        spec = g.nodes[c]["box"].spec
         out_ob = ob(g, g.nodes[c]["outs"][0])
         others = [v for i, v in enumerate(g.nodes[c]["ins"]) if i != port]
 

@@ -31,7 +31,7 @@ class RelabelLevel(Rule):
         if len(site.ops) != 1 or not 0 <= site.ops[0] < len(order):
             raise RuleError("relabel_level applies at one group box (a site of one op)")
         n = order[site.ops[0]]
-        spec = g.nodes[n]["box"].data
+        spec = g.nodes[n]["box"].spec
         if spec.kind != "group":
             raise RuleError(f"relabel_level: {g.nodes[n]['box'].name} is not a group")
         level = params.get("level")
@@ -40,7 +40,7 @@ class RelabelLevel(Rule):
                             f"known: {', '.join(CANONICAL_LEVELS)}")
         if CANONICAL_LEVELS.index(level) <= CANONICAL_LEVELS.index(spec.level):
             raise RuleError(f"relabel_level: {level} is not below the group's level {spec.level}")
-        why = nesting_reason([b for b in spec.body.boxes if getattr(b, "data", None) is not None],
+        why = nesting_reason([b for b in spec.body.boxes if getattr(b, "spec", None) is not None],
                              spec.axis, level)
         if why:
             raise RuleError(f"relabel_level: cannot move {g.nodes[n]['box'].name} to {level}: {why}")
@@ -61,7 +61,7 @@ class RelabelLevel(Rule):
         """Every group of the body, to every level below its own."""
         g = view(body_at(program, path))
         for i, n in enumerate(op_order(g)):
-            spec = g.nodes[n]["box"].data
+            spec = g.nodes[n]["box"].spec
             if spec.kind == "group":
                 for level in CANONICAL_LEVELS[CANONICAL_LEVELS.index(spec.level) + 1:]:
                     yield Site(tuple(path), (i,)), {"level": level}

@@ -26,7 +26,7 @@ class SoftmaxContraction(Streamability):
     def claims(self, graph, nodes, axis):
         out, pool = [], set(nodes)
         for n in nodes:
-            spec = graph.nodes[n]["box"].data
+            spec = graph.nodes[n]["box"].spec
             if spec.kind != "softmax" or spec.axis != axis:
                 continue
             (p,) = graph.nodes[n]["outs"]
@@ -34,7 +34,7 @@ class SoftmaxContraction(Streamability):
             if len(users) != 1 or p in graph.graph["outputs"] or users[0] not in pool:
                 continue
             c = users[0]
-            cspec = graph.nodes[c]["box"].data
+            cspec = graph.nodes[c]["box"].spec
             if cspec.kind != "contract" or axis in cspec.out or graph.nodes[c]["ins"].count(p) != 1:
                 continue
             s_type = ob(graph, graph.nodes[n]["ins"][0]).type.without(axis)

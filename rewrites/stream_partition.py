@@ -84,7 +84,7 @@ def analyse(graph, reg, axis):
         if why:
             raise RuleError(f"cannot stream over {axis}: {why} and no streamability rule covers "
                             f"it" + (" (softmax over an axis streams only when its output is "
-                                     f"contracted over that axis)" if box.data.kind == "softmax" else ""))
+                                     f"contracted over that axis)" if box.spec.kind == "softmax" else ""))
         pre.append(n)
     # Dependencies: pre boxes must be computable chunk by chunk.
     reduced = {v for c in claims for v in c.outputs}
@@ -129,7 +129,7 @@ def _replay(graph, nodes, env, axis=None, chunk=None):
     for n in nodes:
         node = graph.nodes[n]
         box = node["box"]
-        spec = box.data.relabelled(axis, chunk) if axis else box.data
+        spec = box.spec.relabelled(axis, chunk) if axis else box.spec
         outs = ops.apply(spec, *[env[v] for v in node["ins"]], name=box.name,
                          out_names=[o.name for o in box.cod.inside])
         env.update(zip(node["outs"], outs))

@@ -22,7 +22,7 @@ class SumContraction(Streamability):
         out = []
         for n in nodes:
             node = graph.nodes[n]
-            spec = node["box"].data
+            spec = node["box"].spec
             ins = [ob(graph, v).type for v in node["ins"]]
             if not any(t.has(axis) for t in ins):
                 continue
@@ -40,7 +40,7 @@ class SumContraction(Streamability):
         return [ops.fill(t, 0.0, as_=name)]
 
     def update(self, graph, claim, axis, state, ins):
-        spec = graph.nodes[claim.nodes[0]]["box"].data
+        spec = graph.nodes[claim.nodes[0]]["box"].spec
         if spec.kind == "contract":
             part = ops.contract(*ins, out=list(spec.out), name="Σ chunk")
         else:
@@ -48,7 +48,7 @@ class SumContraction(Streamability):
         return [ops.add(state[0], part, as_=state[0].name)]
 
     def finalize(self, graph, claim, axis, state):
-        spec = graph.nodes[claim.nodes[0]]["box"].data
+        spec = graph.nodes[claim.nodes[0]]["box"].spec
         o = ob(graph, claim.outputs[0])
         if spec.kind == "reduce" and spec.fn == "mean":
             size = ob(graph, claim.inputs[0]).type.axis(axis).size

@@ -23,7 +23,7 @@ def tiles_within(boxes) -> set[TileUse]:
     """The tiles of every partition in ``boxes`` or nested inside them."""
     found = set()
     for box in boxes:
-        spec = getattr(box, "data", None)
+        spec = getattr(box, "spec", None)
         if spec is None:
             continue
         tile = tile_of(spec)
@@ -40,7 +40,7 @@ def tiles_around(program, path) -> set[TileUse]:
     found, d = set(), program
     for i in path:
         g = view(d)
-        spec = g.nodes[op_order(g)[i]]["box"].data
+        spec = g.nodes[op_order(g)[i]]["box"].spec
         tile = tile_of(spec)
         if tile is not None:
             found.add(tile)

@@ -307,7 +307,7 @@ def test_triton_compiles_the_kernels_for_hopper(monkeypatch):
         (k,) = ptx.compile_ptx(kernel, [x.shape for x in inputs(name, CASES[name][3])])
         assert 0 < k.shared <= ptx.SHARED_LIMIT and ".target sm_90" in k.ptx
         assert k.registers > 0 and k.spills == 0 and k.dots >= 1
-        assert (k.num_warps, k.num_stages) == (kernel.num_warps, kernel.num_stages)
+        assert (k.num_warps, k.num_stages) == (kernel.launch["num_warps"], kernel.launch["num_stages"])
     assert k.tensor_cores  # matmul: its one dot on tensor cores
     monkeypatch.setattr(ptx, "SHARED_LIMIT", k.shared - 1)
     with pytest.raises(NapkinError, match=rf"matmul needs {k.shared} bytes of shared memory"):
@@ -322,12 +322,12 @@ def test_triton_compiles_the_kernels_for_hopper(monkeypatch):
 ], ids=["0.11-3.9", "0.12-3.8", "no-triton", "unknown-jaxlib"])
 def test_a_mismatched_triton_is_one_clear_line_before_any_parsing(monkeypatch, jaxlib, triton,
                                                                    words):
-    from napkin.lower import pallas, ptx
+    from napkin.lower import kernel as lowered, ptx
 
     def never(*_):
         raise AssertionError("exported or parsed despite the mismatch")
     monkeypatch.setattr(ptx, "versions", lambda: (jaxlib, triton))
-    monkeypatch.setattr(pallas, "export_cuda", never)
+    monkeypatch.setattr(lowered, "export_cuda", never)
     monkeypatch.setattr(ptx, "_compile", never)
     with pytest.raises(NapkinError) as e:
         ptx.compile_ptx(kernel_for("matmul"), [(32, 64), (64, 32)])

@@ -113,7 +113,7 @@ def compile_ptx(kernel, shapes, arch: int = 90, device_kind: str = "NVIDIA H100"
     missing or does not match jaxlib (before parsing anything), when compilation
     fails, or (``check_shared``) when shared memory exceeds :data:`SHARED_LIMIT`."""
     check_pair(*versions())
-    from napkin.lower.pallas import export_cuda
+    from napkin.lower.kernel import export_cuda
     try:
         mlir = export_cuda(kernel, shapes, device_kind)
     except NapkinError:
@@ -146,8 +146,8 @@ def _compile(code: bytes, kernel, arch: int) -> CompiledKernel:
     target = GPUTarget("cuda", arch, 32)
     backend = make_backend(target)
     # FMA contraction on, as CUDA and every triton so far default to (3.9 warns when unset)
-    options = backend.parse_options({"num_warps": kernel.num_warps,
-                                     "num_stages": kernel.num_stages, "enable_fp_fusion": True})
+    options = backend.parse_options({"num_warps": kernel.launch["num_warps"],
+                                     "num_stages": kernel.launch["num_stages"], "enable_fp_fusion": True})
     stages: dict = {}
     backend.add_stages(stages, options, Language.TRITON)
     ctx = ir.context()

@@ -1,7 +1,7 @@
 """A kernel's memory as modelled and as allocated, side by side (``napkin lower --report``).
 
-Modelled: the schedule (``napkin.schedule.build``) at the concrete sizes and tiles, per level —
-its peak bytes, and the buffers declared at that level (read off the schedule's items: the
+Modelled: the schedule (``napkin.schedule.build``, with the kernel's pipeline stages) at the
+concrete sizes and tiles, per level — its peak bytes, and the buffers declared at that level (read off the schedule's items: the
 Buffers it declares and the Steps' outputs).  Allocated: what Triton and ptxas made of the
 lowered kernel (:func:`napkin.lower.ptx.compile_ptx`) — shared memory beside the smem level,
 with the ratio allocated/modelled, and registers and spills beside the registers level.
@@ -42,8 +42,10 @@ def modelled(schedule: Schedule, env: dict) -> list[Level]:
             role = b.note or b.role
             if b.in_place_of is not None:
                 role += f", in place of {b.in_place_of.name}"
+            if b.stages > 1:
+                role += f", {b.stages} stages"
             levels[b.level].buffers.append((b.name, f"{b.dtype}[{shape}]", role,
-                                            int(value_at(b.bytes, env))))
+                                            int(value_at(b.bytes, env)) * b.stages))
     return list(levels.values())
 
 

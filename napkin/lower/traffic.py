@@ -6,7 +6,8 @@ programs at once, as numpy vectors).  Scalar index arithmetic is evaluated
 (``program_id``, offsets, loop bounds — so tile skipping shows), loads and
 stores of kernel refs are counted at the shape they move, and every load or
 store inside a loop counts once per trip (``fori_loop`` bounds and ``scan``
-lengths evaluated per program).  With the Triton backend a ref is a pointer
+lengths evaluated per program); which primitives load and store is the backend's
+(``loads`` / ``stores``).  With the Triton backend a ref is a pointer
 into HBM: what a kernel loads is what crosses from HBM (the L2 cache is not
 modelled), and outputs are written by their stores.
 
@@ -23,8 +24,6 @@ import numpy as np
 
 from napkin.errors import NapkinError
 
-LOADS = {"load", "masked_load", "get"}
-STORES = {"swap", "masked_swap"}
 
 
 class _Unknown:
@@ -101,7 +100,8 @@ def _eval_scalar(eqn, vals):
 
 
 class _Walker:
-    def __init__(self, grid):
+    def __init__(self, grid, loads, stores):
+        self.loads, self.stores = loads, stores
         self.grid = tuple(int(g) for g in grid) or (1,)
         n = int(np.prod(self.grid))
         idx = np.indices(self.grid).reshape(len(self.grid), n)
@@ -128,12 +128,12 @@ class _Walker:
                 outs = [self.pids[eqn.params["axis"]]]
             elif name == "num_programs":
                 outs = [np.asarray(self.grid[eqn.params["axis"]], np.int32)]
-            elif name in LOADS:
+            elif name in self.loads:
                 ref = ins[0]
                 if isinstance(ref, Ref):
                     self.reads[ref.name] = self.reads.get(ref.name, 0) + \
                         mult * self._nbytes(eqn.outvars[0].aval)
-            elif name in STORES:
+            elif name in self.stores:
                 ref = ins[0]
                 if isinstance(ref, Ref):
                     self.writes[ref.name] = self.writes.get(ref.name, 0) + \
@@ -212,7 +212,7 @@ class _Walker:
 
     def _has_io(self, jaxpr) -> bool:
         for eqn in jaxpr.eqns:
-            if eqn.primitive.name in LOADS | STORES:
+            if eqn.primitive.name in self.loads | self.stores:
                 return True
             for v in eqn.params.values():
                 sub = getattr(v, "jaxpr", v)
@@ -238,9 +238,8 @@ def _pallas_calls(jaxpr):
 
 def traffic(kernel, shapes) -> Traffic:
     """Bytes read and written per kernel array (see the module doc)."""
-    from napkin.lower.pallas import _abstract_structs
-    structs = _abstract_structs(kernel, shapes)
-    plan = kernel.plan(*structs)
+    structs = kernel.abstract(shapes)
+    plan = kernel.plan(*structs).plan
     closed = jax.make_jaxpr(lambda *xs: kernel(*xs, interpret=False))(*structs)
     calls = list(_pallas_calls(closed.jaxpr))
     if len(calls) != 1:
@@ -248,11 +247,11 @@ def traffic(kernel, shapes) -> Traffic:
     eqn = calls[0]
     grid = eqn.params["grid_mapping"].grid
     body = eqn.params["jaxpr"]
-    n_in = len(plan.in_names)
-    refs = list(plan.in_names) + list(plan.out_names)
+    n_in = len(plan.inputs)
+    refs = [a.name for a in plan.inputs + plan.outputs]
     if len(refs) != len(body.invars):
         raise NapkinError("the kernel's refs do not match its inputs and outputs")
-    walker = _Walker(grid)
+    walker = _Walker(grid, kernel.backend.loads, kernel.backend.stores)
     env = {v: Ref(refs[i], "in" if i < n_in else "out") for i, v in enumerate(body.invars)}
     walker.walk(body, env, walker.ones)
     return Traffic({k: int(np.sum(v)) for k, v in walker.reads.items()},

@@ -43,8 +43,9 @@ def bytes_per_value(dtype: str) -> int:
 
 
 class _Builder:
-    def __init__(self, hw: Hardware, dtype, intermediates: bool, loops=None):
+    def __init__(self, hw: Hardware, dtype, intermediates: bool, loops=None, stages: int = 1):
         self.hw, self.dtype, self.intermediates = hw, dtype, intermediates
+        self.stages = stages
         self.names = tuple(lv.name for lv in hw.levels)
         self.tiles: dict = {}
         self.multiples: dict = defaultdict(dict)
@@ -116,7 +117,7 @@ class _Builder:
     def flops(self, box, R) -> dict:
         """The box's FLOPs per execution, by the unit its spec says they run on (a matrix
         product on the tensor cores at its widest input dtype)."""
-        spec = box.data
+        spec = box.spec
         ins = tuple(ob.type for ob in box.dom.inside)
         outs = tuple(ob.type for ob in box.cod.inside)
         if spec.kind == "contract":
@@ -210,7 +211,7 @@ class _Builder:
         loops = tuple(sorted((a, k) for a, k in self.loops.items() if k))
 
         def build():
-            sub = _Builder(self.hw, self.dtype, self.intermediates, dict(loops))
+            sub = _Builder(self.hw, self.dtype, self.intermediates, dict(loops), self.stages)
             holder = Loop("program", self.names[0])
             sub.stack.append(holder)
             ins = [Buffer(ob.name, ob.name, (), "", self.names[0], ZERO, ZERO, "array", {})
@@ -221,14 +222,14 @@ class _Builder:
             return sub, loop, ins + outs
         sub, loop, placeholders = _KERNELS.get((box, self.hw), build,
                                                (self.dtype, self.intermediates,
-                                                sympy.sympify(R), loops))
+                                                sympy.sympify(R), loops, self.stages))
         self.absorb(sub)
         return self.emit(Loop("use", self.names[0], items=[loop], children=[(0, loop)],
                               merge_only=True,
                               aliases=dict(zip(placeholders, [*irefs, *orefs]))))
 
     def _kernel(self, box, R, irefs, orefs) -> Loop:
-        spec = box.data
+        spec = box.spec
         if spec.kind == "group":
             Lc = self.level_index(spec.level)
             full, N = self._count(spec.axis, box, spec.size)
@@ -313,7 +314,7 @@ class _Builder:
             if v in out_home_of or len(cons[v]) != 1:
                 return False
             (c,) = set(g.successors(v))
-            return g.nodes[c]["box"].data.elementwise
+            return g.nodes[c]["box"].spec.elementwise
 
         pending = []   # stores of landed outputs, made after the loop that produces them
 
@@ -345,7 +346,7 @@ class _Builder:
 
         for i, n in enumerate(order):
             node = g.nodes[n]
-            box, spec = node["box"], node["box"].data
+            box, spec = node["box"], node["box"].spec
             if spec.kind == "group":
                 Lc = max(L, self.level_index(spec.level))
                 full, N = self._count(spec.axis, box, spec.size)
@@ -421,8 +422,8 @@ class _Builder:
             elif home[v] < L:
                 chunked.append(j)
                 cv, cb = self.size(up_dom[n_state + j])
-                chunk_v += cv
-                chunk_b += cb
+                chunk_v += cv * self.stages  # software pipelining: `stages` chunks in flight
+                chunk_b += cb * self.stages
         state, nexts = [], []
         for o in spec.init.cod.inside:
             buf = self.buffer(o, L, "state", "state", name=o.name)
@@ -445,6 +446,7 @@ class _Builder:
                 if j in chunked:
                     o = up_dom[n_state + j]
                     buf = self.emit(self.buffer(o, L, "chunk"))
+                    buf.stages = self.stages
                     self.move(o, home[v], L, ref[v], buf)
                     refs.append(buf)
                 else:
@@ -474,21 +476,26 @@ def _graph_io(D) -> list:
     return [*g.graph["inputs"], *g.graph["outputs"]]
 
 
-def build(program, hardware, dtype=None, *, intermediates: bool = True) -> Schedule:
+def build(program, hardware, dtype=None, *, intermediates: bool = True,
+          stages: int = 1) -> Schedule:
     """The schedule of ``program`` on ``hardware`` (see :mod:`napkin.schedule`).
 
     ``dtype``: None = every array's own dtype (accumulators stay f32 as the rules build them);
     a string = every array, accumulators included, at that dtype (the paper's single q bytes
     per value); a mapping {array name: dtype} = those arrays at those dtypes.
     ``intermediates``: count values produced inside a body in the peak memory (default);
-    False = only inputs, chunks, state and outputs (the paper's count)."""
+    False = only inputs, chunks, state and outputs (the paper's count).
+    ``stages``: chunk buffers of a stream in flight at once (a backend's software pipelining,
+    Triton's num_stages); 1 is the paper's count, which the search prices."""
+    if isinstance(stages, bool) or not isinstance(stages, int) or stages < 1:
+        raise ScheduleError(f"stages must be a positive integer, got {stages!r}")
     hw = get_hardware(hardware)
     if isinstance(dtype, str):
         bytes_per_value(dtype)
     elif isinstance(dtype, Mapping):
         for d in dtype.values():
             bytes_per_value(d)
-    b = _Builder(hw, dtype, intermediates)
+    b = _Builder(hw, dtype, intermediates, stages=stages)
     root = Loop("program", b.names[0], merge_only=True)
     b.stack.append(root)
     g = view(program)
@@ -511,4 +518,4 @@ def build(program, hardware, dtype=None, *, intermediates: bool = True) -> Sched
         mult = tuple(sorted(b.multiples.get(s, {}).items()))
         tiles[s] = TileInfo(s, kind, axis, sympy.sympify(full), level, mult)
     return Schedule(program, hw, dtype, intermediates, b.names, root, tiles, b.contractions,
-                    b.streams, tuple(values))
+                    b.streams, tuple(values), stages)

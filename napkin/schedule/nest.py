@@ -121,6 +121,7 @@ class Buffer:
     counted: bool = True       # held in the peak (intermediates=False leaves temps out)
     in_place_of: Buffer | None = None
     declared: bool = True      # declared where it appears (False: the caller's, or a view)
+    stages: int = 1            # copies in flight (a streamed chunk under software pipelining)
 
 
 @dataclass(eq=False)
@@ -147,7 +148,7 @@ class Step:
 
     @property
     def spec(self):
-        return self.box.data
+        return self.box.spec
 
 
 @dataclass(eq=False)
@@ -292,6 +293,7 @@ class Schedule:
     contractions: list
     streams: list              # (rule, axis) of every stream
     top_values: tuple          # every array of the top-level diagram (it all lives in GMEM)
+    stages: int = 1            # chunk buffers in flight per stream (software pipelining)
 
     def walk(self):
         return self.root.walk()

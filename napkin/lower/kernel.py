@@ -1,0 +1,283 @@
+"""A streamed program lowered to a Pallas kernel: :func:`lower` and :class:`LoweredKernel`.
+
+One generic lowering, no per-algorithm kernels, in two parts:
+
+* :mod:`napkin.lower.plan` decides, for concrete shapes, everything about the kernel:
+  the grid (the groups at the top of the program), every array's block and index map,
+  every stream's full chunks, ragged tail and tile skipping, and the neutral elements
+  that pad a ragged tail's reductions;
+* a backend (:mod:`napkin.lower.backends`; ``triton`` today) spells that plan, writing
+  every box through :func:`napkin.semantics.box_function` with a recording array
+  namespace, so the kernel's code comes from the semantics' own box mapping.
+
+Ragged sizes: only static shapes reach a kernel, so raggedness is known when it is
+written.  A grouped axis that its tile does not divide overhangs the array in its last
+tile: loads and stores are masked, and since no box reduces a grouped axis (it is
+woven) the padded rows never reach a valid one.  A streamed axis that the chunk does
+not divide runs its full chunks unmasked and one ragged tail in which every box that
+reduces the axis sees padded positions as its neutral element (0 for sums and
+contractions, −∞ for max / logsumexp / softmax): reduce(where(valid, x, e)) is the
+reduction over the valid prefix, which is what ``Stream.evaluate`` computes.
+
+Tile skipping: when a stream's update holds causal / window masks with the streamed
+axis as key axis, the loop visits only the chunks that hold a kept key for some row of
+the tile; this is exact only where the accumulator absorbs a masked entry (the fill may
+flow only into max / logsumexp, or through a row shift and ``exp`` into sums and
+contractions), which :func:`napkin.lower.plan.absorbing` checks on the update.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import sympy
+
+from napkin.arrays import array_types, canonical_dtype
+from napkin.errors import NapkinError, ShapeError
+from napkin.lower.backends import DEFAULT, Written, get_backend
+from napkin.lower.plan import KernelPlan, Planner, peel, pow2_at_least, stream_boxes
+from napkin.primitives import JNP_DTYPES
+
+
+def _symbol(key):
+    return sympy.Symbol(key, integer=True, positive=True) if isinstance(key, str) else key
+
+
+class pow2ceil(sympy.Function):
+    """The least power of two >= n (block size of a streamed axis)."""
+
+    @classmethod
+    def eval(cls, n):
+        if n.is_Integer:
+            return sympy.Integer(pow2_at_least(int(n)))
+
+
+class Specialised:
+    """One kernel for one set of input shapes: its plan and its spelling."""
+
+    def __init__(self, plan: KernelPlan, written: Written):
+        self.plan, self.written = plan, written
+
+    @property
+    def source(self) -> str:
+        return self.written.source
+
+    @property
+    def grid(self) -> tuple:
+        return self.plan.grid_shape
+
+    @property
+    def block_shapes(self) -> dict:
+        return {a.name: a.block for a in self.plan.inputs + self.plan.outputs}
+
+    @property
+    def in_shapes(self) -> list:
+        return [a.shape for a in self.plan.inputs]
+
+    @property
+    def out_shapes(self) -> list:
+        return [a.shape for a in self.plan.outputs]
+
+    @property
+    def notes(self) -> list:
+        return self.plan.notes + self.written.notes
+
+    def call(self, *operands, interpret: bool):
+        if any(isinstance(x, jax.core.Tracer) for x in operands):  # inside jit / vmap / grad
+            return self.written.forward(*operands, interpret=bool(interpret))
+        return self.written.calls[bool(interpret)](*operands, interpret=bool(interpret))
+
+
+class LoweredKernel:
+    """A streamed program lowered to a Pallas kernel by one backend.
+
+    Call it on arrays like the program's meaning (``evaluate``); it works under
+    ``jax.jit`` and ``jax.vmap``.  The kernel is planned and written once per set of
+    input shapes and dtypes.
+
+    * ``grid`` / ``block_shapes``: symbolic (sympy, in the program's sizes);
+      ``plan(*shapes)`` gives the concrete ones, with the source;
+    * ``source(*shapes)``: the readable module that runs (shapes default to those of
+      the last call);
+    * ``launch``: the backend's launch parameters (Triton: num_warps, num_stages).
+    """
+
+    def __init__(self, program, tiles: dict, *, backend: str = DEFAULT, interpret="auto",
+                 dtype=None, f32_precision: str = "highest", name: str | None = None, **launch):
+        self.program = program
+        self.backend = get_backend(backend)
+        unknown = set(launch) - set(self.backend.launch)
+        if unknown:
+            raise NapkinError(f"the {self.backend.name} backend takes no option "
+                              f"{', '.join(sorted(unknown))} (launch parameters: "
+                              f"{', '.join(self.backend.launch)})")
+        self.launch = {**self.backend.launch, **launch}
+        self.tiles = {_symbol(k): v for k, v in (tiles or {}).items()}
+        for key, v in self.tiles.items():
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0:
+                raise NapkinError(f"tile {key}={v!r} must be a positive integer")
+        self.interpret = interpret
+        self.dtype = None if dtype is None else np.dtype(JNP_DTYPES[canonical_dtype(
+            dtype if isinstance(dtype, str) else np.dtype(dtype).name)])
+        if f32_precision not in ("highest", "default"):
+            raise NapkinError("f32_precision is 'highest' (exact, as the semantics) or 'default' "
+                              "(TF32 on GPUs)")
+        self.f32_precision = f32_precision
+        self.name = name or getattr(program, "name", None) or "program"
+        if not isinstance(self.name, str) or not self.name.isidentifier():
+            self.name = "program"
+        self.structure = peel(program)
+        self.in_types = array_types(program.dom)
+        self.out_types = array_types(program.cod)
+        self.in_names = [ob.name for ob in program.dom.inside]
+        for spec in self.structure.groups:
+            self.size_of(spec.size, f"group {spec.axis}")
+        for box in self.structure.body.boxes:
+            if getattr(box.spec, "kind", None) == "group":
+                raise NapkinError(f"{box.name}: a group below the grid (inside the kernel body) "
+                                  f"is not supported by the {self.backend.rules.name} lowering")
+        self._streams = [box.spec for box in stream_boxes(self.structure.body)]
+        for spec in self._streams:
+            self.size_of(spec.chunk, f"stream {spec.axis}")
+        self._plans: dict = {}
+        self._last = None
+
+    # ------------------------------------------------------------ sizes
+    def size_of(self, size, what: str) -> int:
+        if isinstance(size, (int, np.integer)) or getattr(size, "is_Integer", False):
+            value = int(size)
+            name = f"{what} size"
+        else:
+            sym = _symbol(str(size)) if not isinstance(size, sympy.Symbol) else size
+            if sym not in self.tiles:
+                raise NapkinError(f"{what}: no tile size for {sym} (pass tiles={{'{sym}': 64}})")
+            value, name = int(self.tiles[sym]), f"tile {sym}"
+        if not self.backend.rules.tile_ok(value):
+            raise NapkinError(f"{name}={value} must be a power of two for the "
+                              f"{self.backend.rules.name} backend")
+        return value
+
+    def chunk_of(self, axis) -> int:
+        for spec in self._streams:
+            if spec.axis == axis:
+                return self.size_of(spec.chunk, f"stream {axis}")
+        raise NapkinError(f"internal: no stream over {axis}")
+
+    def describe(self) -> str:
+        parts = [f"group {s.axis} ({s.size}={self.size_of(s.size, '')})"
+                 for s in self.structure.groups]
+        parts += [f"stream {s.axis} ({s.chunk}={self.size_of(s.chunk, '')}, {s.rule})"
+                  for s in self._streams]
+        return " > ".join(parts) or "one program"
+
+    @property
+    def grid(self) -> tuple:
+        if not self.structure.groups:
+            return (sympy.Integer(1),)
+        out = []
+        for spec in self.structure.groups:
+            full = next(t.axis(spec.axis).size for t in self.in_types if t.has(spec.axis))
+            out.append(sympy.ceiling(sympy.sympify(full) / self.size_of(spec.size, "")))
+        return tuple(out)
+
+    @property
+    def block_shapes(self) -> dict:
+        """{array name: block shape}, symbolic in the whole axes' sizes."""
+        gs = {s.axis: self.size_of(s.size, "") for s in self.structure.groups}
+        streams = {s.axis: self.size_of(s.chunk, "") for s in self._streams}
+        def padded(n, chunk):  # cf. BlockRules.block
+            if self.backend.rules.pow2:
+                return sympy.Max(pow2ceil(n), chunk)
+            return sympy.ceiling(sympy.sympify(n) / chunk) * chunk
+        out = {}
+        body = self.structure.body
+        for ob, p in zip(body.dom.inside, self.structure.in_map):
+            t = self.in_types[p]
+            out[ob.name] = tuple(gs[a.name] if a.name in gs else
+                                 padded(a.size, streams[a.name]) if a.name in streams
+                                 else a.size for a in t.axes)
+        for ob in body.cod.inside:
+            out[ob.name] = tuple(gs.get(a.name, a.size) for a in ob.type.axes)
+        return out
+
+    # ------------------------------------------------------------ specialisation
+    def dtypes(self) -> list:
+        """The kernel's input dtypes: the override, or the program's types."""
+        if self.dtype is not None:
+            return [self.dtype] * len(self.in_types)
+        return [np.dtype(JNP_DTYPES[t.dtype]) for t in self.in_types]
+
+    def plan(self, *shapes) -> Specialised:
+        """The kernel for inputs of these shapes (tuples, arrays or ShapeDtypeStructs)."""
+        if len(shapes) != len(self.in_types):
+            raise ShapeError(f"{self.name} takes {len(self.in_types)} inputs "
+                             f"({', '.join(self.in_names)}), got {len(shapes)}")
+        shapes = [tuple(int(n) for n in (s.shape if hasattr(s, "shape") else s)) for s in shapes]
+        dts = self.dtypes()
+        key = (tuple(shapes), tuple(str(d) for d in dts))
+        if key not in self._plans:
+            plan = Planner(self, shapes, dts, self.backend.rules).plan()
+            self._plans[key] = Specialised(plan, self.backend.write(self, plan))
+        self._last = key
+        return self._plans[key]
+
+    def source(self, *shapes) -> str:
+        if shapes:
+            return self.plan(*shapes).source
+        if self._last is None:
+            raise NapkinError("source(): give the input shapes (the kernel is written per shape)")
+        return self._plans[self._last].source
+
+    def resolve_interpret(self, interpret=None) -> bool:
+        mode = self.interpret if interpret is None else interpret
+        if mode == "auto":
+            return jax.devices()[0].platform != "gpu"
+        return bool(mode)
+
+    def __call__(self, *arrays, interpret=None):
+        if len(arrays) != len(self.in_types):
+            raise ShapeError(f"{self.name} takes {len(self.in_types)} inputs "
+                             f"({', '.join(self.in_names)}), got {len(arrays)}")
+        plan = self.plan(*[jnp.shape(a) for a in arrays])
+        dts = self.dtypes()
+        arrays = [jnp.asarray(a, dtype=dt) if jnp.result_type(a) != dt else a
+                  for a, dt in zip(arrays, dts)]
+        operands = [arrays[p] for p in self.structure.in_map]
+        outs = plan.call(*operands, interpret=self.resolve_interpret(interpret))
+        result = [outs[m] for m in self.structure.out_map]
+        return result[0] if len(result) == 1 else tuple(result)
+
+    def abstract(self, shapes) -> list:
+        """ShapeDtypeStructs of the kernel's inputs (shapes, arrays or structs)."""
+        out = []
+        for s, dt in zip(shapes, self.dtypes()):
+            shape = s.shape if hasattr(s, "shape") else s
+            out.append(jax.ShapeDtypeStruct(tuple(shape), dt))
+        return out
+
+    def __repr__(self):
+        return f"LoweredKernel({self.name}: {self.describe()}, {self.backend.name})"
+
+
+def lower(program, tiles: dict, *, backend: str = DEFAULT, interpret="auto", dtype=None,
+          **options) -> LoweredKernel:
+    """Lower a streamed program to a Pallas kernel.
+
+    ``tiles``: the size of every group / chunk symbol (``{"g_q": 64, "s_x": 64}``;
+    powers of two for Triton).  ``backend``: a name in ``napkin.lower.backends.BACKENDS``.
+    ``interpret``: "auto" (interpret unless the default device is a GPU), True or False.
+    ``dtype``: the dtype of the kernel's inputs and outputs ("bf16", …); None keeps the
+    program's declared dtypes (arrays of another dtype are cast outside the kernel).
+    Options: ``f32_precision`` ("highest" — exact float32 dots as in the semantics — or
+    "default", TF32 on GPUs), ``name``, and the backend's launch parameters (Triton:
+    ``num_warps``, ``num_stages``).
+    """
+    return LoweredKernel(program, tiles, backend=backend, interpret=interpret, dtype=dtype,
+                         **options)
+
+
+def export_cuda(kernel: LoweredKernel, shapes, device_kind: str = "NVIDIA H100") -> str:
+    """Lower the kernel for CUDA on any machine (no GPU needed) and return the MLIR text
+    (its backend's export: for Triton, the ``__gpu$xla.gpu.triton`` custom call with the
+    grid, launch parameters and Triton IR)."""
+    return kernel.backend.export(kernel, kernel.abstract(shapes), device_kind)

@@ -1,0 +1,437 @@
+"""The kernel plan: what a streamed program's kernel does, decided once, for any backend.
+
+A backend (``napkin.lower.backends``) only *spells* a :class:`KernelPlan`; every decision
+about the kernel is made here, for concrete shapes:
+
+* **the grid** — the groups at the top of the program (the GMEM → on-chip boundary), one
+  grid dimension per grouped axis in nesting order (:class:`GridAxis`: tile, size,
+  whether the last tile overhangs the array);
+* **the blocks** — every input and output as an :class:`ArrayPlan`: its block (each
+  grouped axis cut to its tile, a streamed axis kept whole and padded as the backend's
+  :class:`BlockRules` ask, other axes whole), which grid dimension indexes each block
+  axis, and whether it is streamed or loaded whole;
+* **the loops** — every stream box as a :class:`StreamPlan`: full chunks and the ragged
+  tail, and its tile skipping (:class:`SkipPlan`, from causal / window masks whose
+  masked entries the accumulator absorbs);
+* **masked tails** — which boxes of a ragged tail see their reduced inputs replaced by
+  the reduction's neutral element (:func:`reduction_neutral`), as the primitives declare.
+
+The plan reads the same program the schedule (``napkin.schedule``) prices; its
+:meth:`KernelPlan.loops` is the grid-and-stream nest the schedule's kernel holds, which the
+tests compare.  Backend limits (powers of two, a minimum dot size) are :class:`BlockRules`
+the backend declares; a violated one is a NapkinError naming the array, axis and size.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import sympy
+
+from napkin.arrays import array_types
+from napkin.errors import NapkinError
+from napkin.ir import to_graph
+from napkin.lower.emit import identifier
+from napkin.primitives import JNP_DTYPES
+from napkin.semantics import bind_sizes
+
+
+def is_pow2(n: int) -> bool:
+    return n >= 1 and (n & (n - 1)) == 0
+
+
+def pow2_at_least(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+@dataclass(frozen=True)
+class BlockRules:
+    """What a backend needs of block shapes (declared by the backend, enforced here)."""
+    name: str                 # the backend, for messages ("Triton")
+    pow2: bool = True         # tiles, chunks and whole blocks are powers of two
+    dot_min: int | None = 16  # a contraction with a dimension below this is multiply-and-sum
+
+    def block(self, n: int, chunk: int) -> int:
+        """The block that holds a streamed axis of ``n`` in chunks of ``chunk`` (the
+        ragged tail's chunk lies inside it)."""
+        return max(pow2_at_least(n), chunk) if self.pow2 else -(-int(n) // chunk) * chunk
+
+    def whole_ok(self, n: int) -> bool:
+        return is_pow2(n) or not self.pow2
+
+    def tile_ok(self, n: int) -> bool:
+        return is_pow2(n) or not self.pow2
+
+
+# ------------------------------------------------------------------ structure
+@dataclass
+class Structure:
+    """The nested groups at the top of a program and the body they hold."""
+    groups: list            # Group specs, outermost first
+    body: object            # the innermost body diagram (the kernel body)
+    in_map: list[int]       # body input i  -> program input in_map[i]
+    out_map: list[int]      # program output j -> body output out_map[j]
+
+
+def peel(program) -> Structure:
+    """Descend through the groups that make up a whole diagram."""
+    groups, d = [], program
+    in_map = list(range(len(program.dom.inside)))
+    out_map = list(range(len(program.cod.inside)))
+    while True:
+        g = to_graph(d)
+        opn = [n for n in g.nodes if g.nodes[n]["kind"] == "op"]
+        if len(opn) != 1:
+            break
+        node = g.nodes[opn[0]]
+        spec = node["box"].spec
+        if getattr(spec, "kind", None) != "group":
+            break
+        inputs, outputs = g.graph["inputs"], g.graph["outputs"]
+        if any(v not in node["outs"] for v in outputs):
+            raise NapkinError("the program passes an input straight to an output; "
+                              "nothing to lower for it")
+        groups.append(spec)
+        in_map = [in_map[inputs.index(v)] for v in node["ins"]]
+        out_map = [node["outs"].index(outputs[k]) for k in out_map]
+        d = spec.body
+    return Structure(groups, d, in_map, out_map)
+
+
+def stream_boxes(diagram) -> list:
+    """Every stream box in ``diagram``, at any depth below its streams (not below groups)."""
+    out = []
+    for box in diagram.boxes:
+        spec = getattr(box, "spec", None)
+        if getattr(spec, "kind", None) == "stream":
+            out.append(box)
+            for body in spec.bodies:
+                out += stream_boxes(body)
+    return out
+
+
+# ------------------------------------------------------------------ masks and tails
+def absorbing(update, axis: str) -> str | None:
+    """Why masked entries of the update are *not* absorbed (None when they are).
+
+    Tags follow the mask's output: NEG (masked positions hold the fill, about
+    −1e30) and ZERO (masked positions hold exactly 0).  NEG may be scaled by a
+    positive constant, shifted by a value without the streamed axis, re-masked
+    or reduced by max / logsumexp over the axis; exp turns NEG into ZERO; ZERO
+    may be multiplied and summed or contracted over the axis.  Each primitive
+    declares its own part (``absorbs``).
+    """
+    g = to_graph(update)
+    out_values = set(g.graph["outputs"])
+    work = []
+    for n in g.nodes:
+        spec = g.nodes[n].get("box") and g.nodes[n]["box"].spec
+        if g.nodes[n]["kind"] == "op" and getattr(spec, "kind", None) == "mask" \
+                and spec.kind_ in ("causal", "window") and spec.k == axis:
+            if spec.fill > -1e4:
+                return f"mask fill {spec.fill} is not a large negative"
+            work += [(v, "NEG") for v in g.nodes[n]["outs"]]
+    seen = set()
+    while work:
+        v, tag = work.pop()
+        if (v, tag) in seen:
+            continue
+        seen.add((v, tag))
+        if v in out_values:
+            return "a masked value leaves the update unreduced"
+        for n in g.successors(v):
+            node = g.nodes[n]
+            ins = [g.nodes[u]["ob"].type for u in node["ins"]]
+            new = node["box"].spec.absorbs(tag, node["ins"].index(v), ins, axis)
+            if new is None:
+                return f"{node['box'].name} does not absorb masked entries"
+            if new != "ABSORBED":
+                work += [(u, new) for u in node["outs"]]
+    return None
+
+
+def reduction_neutral(box, axis: str):
+    """In a ragged tail over ``axis``: the value that pads ``box``'s inputs holding the axis
+    (None: the box acts position by position, or does not see the axis)."""
+    ins, outs = array_types(box.dom), array_types(box.cod)
+    if not any(t.has(axis) for t in ins):
+        return None
+    neutral = box.spec.neutral(axis)  # what the box declares pads its reduction
+    if neutral is None and any(t.has(axis) for t in outs):
+        return None  # woven over the axis: its garbage at invalid positions is discarded
+    if neutral is None:
+        raise NapkinError(f"{box.name} reduces the streamed axis {axis}; the lowering knows "
+                          f"no neutral element for it (ragged chunks need one): make {axis} "
+                          f"a multiple of the chunk")
+    return neutral
+
+
+# ------------------------------------------------------------------ the plan
+@dataclass
+class GridAxis:
+    axis: str
+    tile: int
+    size: int
+
+    @property
+    def tiles(self) -> int:
+        return -(-self.size // self.tile)
+
+    @property
+    def ragged(self) -> bool:
+        return self.size % self.tile != 0
+
+
+@dataclass
+class ArrayPlan:
+    """One kernel input or output: its block and how the grid indexes it."""
+    name: str               # identifier-safe name (unique among the kernel's arrays)
+    type: object            # body-level ArrayType
+    shape: tuple            # full array shape
+    dtype: object
+    block: tuple            # block shape
+    index: tuple            # per dim: grid dimension or None (the whole axis)
+    streamed: set = field(default_factory=set)
+    whole: bool = False     # also used whole inside the kernel
+
+    def describe(self, grid_axes) -> str:
+        parts = []
+        for a, n, b in zip(self.type.names, self.shape, self.block):
+            if a in grid_axes:
+                parts.append(f"{a}: tile of {b}")
+            elif b != n:
+                parts.append(f"{a}: whole, padded to {b}, streamed")
+            else:
+                parts.append(f"{a}: whole")
+        return f"{self.name}[{','.join(self.type.names)}] " + "; ".join(parts)
+
+
+@dataclass
+class SkipPlan:
+    """Only the chunks holding a key some row of the tile keeps: for rows [r0, r1] the kept
+    keys are [max(0, r0 + low), min(n, r1 + high)) (``low`` None: from 0)."""
+    query: str              # the masks' query axis
+    kinds: tuple            # the mask kinds ("causal", "window")
+    low: int | None
+    high: int
+    static: tuple | None    # (first chunk, end chunk) when the query axis is whole
+    tile: GridAxis | None   # the query axis's grid axis otherwise
+
+
+@dataclass
+class StreamPlan:
+    axis: str
+    chunk: int
+    size: int
+    rule: str
+    skip: SkipPlan | None = None
+
+    @property
+    def chunks(self) -> int:
+        return -(-self.size // self.chunk)
+
+    @property
+    def full(self) -> int:
+        return self.size // self.chunk
+
+    @property
+    def tail(self) -> int:
+        return self.size % self.chunk
+
+
+@dataclass
+class KernelPlan:
+    """Everything a backend spells, for one set of input shapes (see the module doc)."""
+    name: str
+    describe: str           # the program's groups and streams, in words
+    grid: list              # GridAxis, outermost first
+    inputs: list            # ArrayPlan
+    outputs: list           # ArrayPlan
+    streams: dict           # id(stream spec) -> StreamPlan
+    env: dict               # size symbol -> value (axis sizes and tiles)
+    sizes: dict             # axis name -> size
+    notes: list
+
+    @property
+    def grid_shape(self) -> tuple:
+        return tuple(g.tiles for g in self.grid) or (1,)
+
+    @property
+    def grid_axes(self) -> dict:
+        return {g.axis: i for i, g in enumerate(self.grid)}
+
+    def stream(self, spec) -> StreamPlan:
+        return self.streams[id(spec)]
+
+    def loops(self) -> list:
+        """The nest, outermost first: ("group", axis, tile) per grid dimension, then
+        ("stream", axis, chunk) per stream in program order."""
+        return [("group", g.axis, g.tile) for g in self.grid] + \
+            [("stream", s.axis, s.chunk) for s in self.streams.values()]
+
+
+class Planner:
+    """Builds the :class:`KernelPlan` of a lowered kernel for concrete shapes."""
+
+    def __init__(self, kernel, shapes, dtypes, rules: BlockRules):
+        self.k, self.st, self.rules = kernel, kernel.structure, rules
+        program = kernel.program
+        prog_in = array_types(program.dom)
+        dummies = [np.broadcast_to(np.zeros((), bool), s) for s in shapes]
+        self.env = bind_sizes(prog_in, dummies, kernel.tiles,
+                              [str(ob) for ob in program.dom.inside])
+        self.sizes = {}
+        for t in prog_in + array_types(program.cod):
+            for a in t.axes:
+                val = sympy.sympify(a.size).subs(self.env)
+                if val.is_Number:
+                    self.sizes.setdefault(a.name, int(val))
+        self.shapes, self.dtypes = [tuple(s) for s in shapes], list(dtypes)
+        self.grid = []
+        for spec in self.st.groups:
+            tile = kernel.size_of(spec.size, f"group {spec.axis}")
+            self.grid.append(GridAxis(spec.axis, tile, self.sizes[spec.axis]))
+            if isinstance(spec.size, sympy.Symbol):
+                self.env[spec.size] = tile
+        self.gaxes = {g.axis: i for i, g in enumerate(self.grid)}
+        self.notes: list[str] = []
+
+    def size(self, t, axis) -> int:
+        if axis in self.gaxes:
+            return self.grid[self.gaxes[axis]].size
+        return int(sympy.sympify(t.axis(axis).size).subs(self.env))
+
+    def plan(self) -> KernelPlan:
+        streams = {}
+        for box in stream_boxes(self.st.body):
+            streams[id(box.spec)] = self.stream(box)
+        return KernelPlan(self.k.name, self.k.describe(), self.grid, self.inputs(),
+                          self.outputs(), streams, self.env, self.sizes, self.notes)
+
+    def inputs(self) -> list:
+        body, rules = self.st.body, self.rules
+        g = to_graph(body)
+        names = _unique([identifier(ob.name, "x") for ob in body.dom.inside])
+        prog_names = [ob.name for ob in self.k.program.dom.inside]
+        out = []
+        for i, (v, t) in enumerate(zip(g.graph["inputs"], array_types(body.dom))):
+            streamed, whole = set(), v in g.graph["outputs"]
+            for n in g.successors(v):
+                node = g.nodes[n]
+                spec = node["box"].spec
+                for u in node["ins"]:
+                    if u != v:
+                        continue
+                    if spec.kind == "stream" and t.has(spec.axis):
+                        streamed.add(spec.axis)
+                    else:
+                        whole = True
+            p = self.st.in_map[i]
+            shape = self.shapes[p]
+            block, index = [], []
+            for d, a in enumerate(t.names):
+                n = shape[d]
+                if a in self.gaxes:
+                    block.append(self.grid[self.gaxes[a]].tile)
+                    index.append(self.gaxes[a])
+                    continue
+                index.append(None)
+                if a in streamed:
+                    chunk = self.k.chunk_of(a)
+                    padded = rules.block(n, chunk)
+                    if whole and padded != n:
+                        raise NapkinError(
+                            f"input {prog_names[p]}: axis {a}={n} is streamed and also used "
+                            f"whole; the {rules.name} backend needs it to be a power of two "
+                            f">= the chunk {chunk}")
+                    block.append(padded)
+                else:
+                    if not rules.whole_ok(n):
+                        raise NapkinError(
+                            f"input {prog_names[p]}: axis {a}={n} is loaded whole into every "
+                            f"program; the {rules.name} backend needs a power of two (pad it, "
+                            f"or group or stream {a})")
+                    block.append(n)
+            out.append(ArrayPlan(names[i], t, shape, self.dtypes[p], tuple(block), tuple(index),
+                                 streamed, whole))
+        return out
+
+    def outputs(self) -> list:
+        k = self.k
+        body_outs = array_types(self.st.body.cod)
+        labels = [ob.name for ob in self.st.body.cod.inside]
+        names = _unique([identifier(nm, "out") for nm in labels])
+        out = []
+        for i, t in enumerate(body_outs):
+            shape, block, index = [], [], []
+            for a in t.names:
+                n = self.sizes.get(a)
+                if n is None:
+                    n = int(sympy.sympify(t.axis(a).size).subs(self.env))
+                shape.append(n)
+                if a in self.gaxes:
+                    block.append(self.grid[self.gaxes[a]].tile)
+                    index.append(self.gaxes[a])
+                else:
+                    if not self.rules.whole_ok(n):
+                        raise NapkinError(f"output {labels[i]}: axis {a}={n} is written whole "
+                                          f"by every program; the {self.rules.name} backend "
+                                          f"needs a power of two (group it, or pad it)")
+                    block.append(n)
+                    index.append(None)
+            dtype = np.dtype(k.dtype if k.dtype is not None else JNP_DTYPES[t.dtype])
+            out.append(ArrayPlan(names[i], t, tuple(shape), dtype, tuple(block), tuple(index)))
+        return out
+
+    def stream(self, box) -> StreamPlan:
+        spec = box.spec
+        ax = spec.axis
+        if ax in self.gaxes:
+            raise NapkinError(f"stream {ax}: the axis is also grouped; not supported")
+        chunk = self.k.size_of(spec.chunk, f"stream {ax}")
+        t = next(t for t in array_types(box.dom) if t.has(ax))
+        n = self.size(t, ax)
+        plan = StreamPlan(ax, chunk, n, spec.rule)
+        plan.skip = self.skip(spec, plan)
+        return plan
+
+    def skip(self, spec, stream: StreamPlan) -> SkipPlan | None:
+        ax, s, n = stream.axis, stream.chunk, stream.size
+        masks = [b.spec for b in spec.update.boxes
+                 if getattr(getattr(b, "spec", None), "kind", None) == "mask"
+                 and b.spec.kind_ in ("causal", "window") and b.spec.k == ax]
+        if not masks:
+            return None
+        qa = masks[0].q
+        masks = [m for m in masks if m.q == qa]
+        why = absorbing(spec.update, ax)
+        if why:
+            self.notes.append(f"stream {ax}: no tile skipping ({why})")
+            return None
+        lows = [m.offset - m.width + 1 for m in masks if m.kind_ == "window"]
+        low = max(lows) if lows else None
+        high = min(m.offset + 1 for m in masks)
+        kinds = tuple(dict.fromkeys(m.kind_ for m in masks))
+        if qa in self.gaxes:
+            self.notes.append(f"stream {ax}: tile skipping from the {qa}/{ax} masks")
+            return SkipPlan(qa, kinds, low, high, None, self.grid[self.gaxes[qa]])
+        nq = self.sizes.get(qa)
+        if nq is None:
+            return None
+        rng = [(max(0, i + low) if low is not None else 0, min(n, i + high)) for i in (0, nq - 1)]
+        if any(a >= b for a, b in rng):
+            return None
+        self.notes.append(f"stream {ax}: static tile skipping from the {qa}/{ax} masks")
+        return SkipPlan(qa, kinds, low, high, (rng[0][0] // s, -(-rng[1][1] // s)), None)
+
+
+def _unique(names):
+    out, seen = [], set()
+    for n in names:
+        m, i = n, 1
+        while m in seen:
+            i += 1
+            m = f"{n}_{i}"
+        seen.add(m)
+        out.append(m)
+    return out
