@@ -85,7 +85,7 @@ class Optimized:
         from napkin.lower import lower
         return lower(self.program, self.tiles, backend=backend, interpret=interpret,
                      dtype=dtype or self.dtype, name=self.name.rpartition(":")[2],
-                     **self.launch)  # FILE.py:NAME -> NAME
+                     schedule=self.schedule, **self.launch)  # FILE.py:NAME -> NAME
 
     def fit(self, sizes: dict) -> Optimized:
         """This program at other (smaller) sizes, its tiles shrunk to powers of two of at

@@ -137,3 +137,17 @@ def test_pipeline_stages_are_chunk_buffers_of_the_schedule():
     assert value_at(three.memory["gmem"][1][0], env) == value_at(one.memory["gmem"][1][0], env)
     with pytest.raises(ScheduleError, match="stages must be a positive integer, got 0"):
         build(program, hw, "bf16", stages=0)
+
+
+def test_the_kernel_runs_the_schedule_it_is_given():
+    """napkin.optimize hands its cost model's schedule to the kernel; a schedule of another
+    program is refused."""
+    from napkin.pipeline import optimize
+    opt = optimize("attention", "h100", dict(q=256, x=256, d=64), "bf16").fit(dict(q=64, x=64,
+                                                                                 d=16))
+    kernel = opt.kernel(dtype="f32")
+    assert kernel.schedule is opt.schedule is opt.cost.schedule
+    other = derive("attention", CASES["attention"][0])
+    with pytest.raises(NapkinError, match="the schedule given to lower\\(\\) is another "
+                                          "program's"):
+        lower(other, CASES["attention"][1], schedule=opt.schedule)

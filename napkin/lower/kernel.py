@@ -99,11 +99,14 @@ class LoweredKernel:
       ``plan(*shapes)`` gives the concrete ones, with the source;
     * ``source(*shapes)``: the readable module that runs (shapes default to those of
       the last call);
-    * ``launch``: the backend's launch parameters (Triton: num_warps, num_stages).
+    * ``launch``: the backend's launch parameters (Triton: num_warps, num_stages);
+    * ``schedule``: the loop nest its plans run (the cost model's, when given by
+      ``napkin.optimize``; else built for ``hardware`` with the launch's pipeline stages).
     """
 
     def __init__(self, program, tiles: dict, *, backend: str = DEFAULT, interpret="auto",
-                 dtype=None, f32_precision: str = "highest", name: str | None = None, **launch):
+                 dtype=None, f32_precision: str = "highest", name: str | None = None,
+                 schedule=None, hardware="h100", **launch):
         self.program = program
         self.backend = get_backend(backend)
         unknown = set(launch) - set(self.backend.launch)
@@ -139,6 +142,12 @@ class LoweredKernel:
         self._streams = [box.spec for box in stream_boxes(self.structure.body)]
         for spec in self._streams:
             self.size_of(spec.chunk, f"stream {spec.axis}")
+        if schedule is None:
+            from napkin.schedule import build
+            schedule = build(program, hardware, stages=self.launch.get("num_stages", 1))
+        elif schedule.program is not program:
+            raise NapkinError("the schedule given to lower() is another program's")
+        self.schedule = schedule  # the loop nest the plan runs (napkin.schedule)
         self._plans: dict = {}
         self._last = None
 
@@ -269,7 +278,8 @@ def lower(program, tiles: dict, *, backend: str = DEFAULT, interpret="auto", dty
     ``dtype``: the dtype of the kernel's inputs and outputs ("bf16", …); None keeps the
     program's declared dtypes (arrays of another dtype are cast outside the kernel).
     Options: ``f32_precision`` ("highest" — exact float32 dots as in the semantics — or
-    "default", TF32 on GPUs), ``name``, and the backend's launch parameters (Triton:
+    "default", TF32 on GPUs), ``name``, ``schedule`` (the program's, from the cost model) or
+    ``hardware`` (to build one; default h100), and the backend's launch parameters (Triton:
     ``num_warps``, ``num_stages``).
     """
     return LoweredKernel(program, tiles, backend=backend, interpret=interpret, dtype=dtype,

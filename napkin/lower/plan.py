@@ -270,8 +270,20 @@ class KernelPlan:
             [("stream", s.axis, s.chunk) for s in self.streams.values()]
 
 
+def schedule_loops(schedule) -> list:
+    """The group and stream loops of a schedule (``napkin.schedule``), in its order."""
+    from napkin.schedule.nest import Loop
+    return [it for it, _ in schedule.walk()
+            if isinstance(it, Loop) and it.kind in ("group", "stream")]
+
+
 class Planner:
-    """Builds the :class:`KernelPlan` of a lowered kernel for concrete shapes."""
+    """Builds the :class:`KernelPlan` of a lowered kernel for concrete shapes.
+
+    The loops come from the kernel's schedule: the grid is its outer group loops, each
+    stream runs its stream loop's chunks over its loop's extent; the program's own group
+    and stream boxes must be those loops (else an internal error: the kernel would not be
+    the program the schedule prices)."""
 
     def __init__(self, kernel, shapes, dtypes, rules: BlockRules):
         self.k, self.st, self.rules = kernel, kernel.structure, rules
@@ -287,19 +299,33 @@ class Planner:
                 if val.is_Number:
                     self.sizes.setdefault(a.name, int(val))
         self.shapes, self.dtypes = [tuple(s) for s in shapes], list(dtypes)
+        loops = schedule_loops(kernel.schedule)
+        groups = [lp for lp in loops if lp.kind == "group"][:len(self.st.groups)]
+        streams = [lp for lp in loops if lp.kind == "stream"]
+        boxes = stream_boxes(self.st.body)
+        if [(lp.axis, lp.size) for lp in groups] != [(s.axis, s.size) for s in self.st.groups] \
+                or sorted((lp.axis, str(lp.size)) for lp in streams) != \
+                sorted((b.spec.axis, str(b.spec.chunk)) for b in boxes):
+            raise NapkinError(f"internal: the loops of {kernel.name}'s schedule are not its "
+                              f"program's groups and streams")
         self.grid = []
-        for spec in self.st.groups:
-            tile = kernel.size_of(spec.size, f"group {spec.axis}")
-            self.grid.append(GridAxis(spec.axis, tile, self.sizes[spec.axis]))
-            if isinstance(spec.size, sympy.Symbol):
-                self.env[spec.size] = tile
+        for loop in groups:
+            tile = kernel.size_of(loop.size, f"group {loop.axis}")
+            self.grid.append(GridAxis(loop.axis, tile, self.extent(loop)))
+            if isinstance(loop.size, sympy.Symbol):
+                self.env[loop.size] = tile
+        self.stream_loops = {}  # id(stream spec) -> its schedule loop
+        for box in boxes:
+            loop = next(lp for lp in streams if (lp.axis, lp.size) == (box.spec.axis,
+                                                                       box.spec.chunk))
+            streams.remove(loop)
+            self.stream_loops[id(box.spec)] = loop
         self.gaxes = {g.axis: i for i, g in enumerate(self.grid)}
         self.notes: list[str] = []
 
-    def size(self, t, axis) -> int:
-        if axis in self.gaxes:
-            return self.grid[self.gaxes[axis]].size
-        return int(sympy.sympify(t.axis(axis).size).subs(self.env))
+    def extent(self, loop) -> int:
+        """How far a schedule loop runs, at these shapes."""
+        return int(sympy.sympify(loop.full).subs(self.env))
 
     def plan(self) -> KernelPlan:
         streams = {}
@@ -388,10 +414,9 @@ class Planner:
         ax = spec.axis
         if ax in self.gaxes:
             raise NapkinError(f"stream {ax}: the axis is also grouped; not supported")
-        chunk = self.k.size_of(spec.chunk, f"stream {ax}")
-        t = next(t for t in array_types(box.dom) if t.has(ax))
-        n = self.size(t, ax)
-        plan = StreamPlan(ax, chunk, n, spec.rule)
+        loop = self.stream_loops[id(spec)]
+        chunk = self.k.size_of(loop.size, f"stream {ax}")
+        plan = StreamPlan(ax, chunk, self.extent(loop), spec.rule)
         plan.skip = self.skip(spec, plan)
         return plan
 
