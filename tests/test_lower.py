@@ -307,8 +307,9 @@ def test_triton_compiles_the_kernels_for_hopper(monkeypatch):
         (k,) = ptx.compile_ptx(kernel, [x.shape for x in inputs(name, CASES[name][3])])
         assert 0 < k.shared <= ptx.SHARED_LIMIT and ".target sm_90" in k.ptx
         assert k.registers > 0 and k.spills == 0 and k.dots >= 1
-        assert (k.num_warps, k.num_stages) == (kernel.launch["num_warps"], kernel.launch["num_stages"])
-    assert k.tensor_cores  # matmul: its one dot on tensor cores
+        launch = kernel.plan(*[x.shape for x in inputs(name, CASES[name][3])]).launch
+        assert (k.num_warps, k.num_stages) == (launch["num_warps"], launch["num_stages"])
+        assert k.tensor_cores, name  # attention's P·V too: P rounded to V's bf16, not V upcast
     monkeypatch.setattr(ptx, "SHARED_LIMIT", k.shared - 1)
     with pytest.raises(NapkinError, match=rf"matmul needs {k.shared} bytes of shared memory"):
         ptx.compile_ptx(kernel, [x.shape for x in inputs("matmul", CASES["matmul"][3])])
@@ -378,3 +379,37 @@ def test_report_without_triton_says_so_and_keeps_the_schedule(monkeypatch):
                         "jaxlib 0.12.0.1's Triton IR): pip install 'triton==3.9.*'")
     assert any(ln.startswith("smem ") and "peak" in ln for ln in lines)
     assert any("A_blk" in ln and "bf16[a=16, b=16]" in ln for ln in lines)
+
+
+@pytest.mark.parametrize("name", ["attention", "gqa", "matmul", "rmsnorm_matmul"])
+def test_low_precision_contractions_are_tensor_core_dots(name):
+    """The kernels' contraction policy: with a bf16 operand every operand is bf16 (P·V
+    rounds P, it does not upcast V to f32 at HIGHEST precision), and a dot's result stays in
+    its f32 accumulator (never rounded back to bf16 inside the kernel); the kernel still
+    matches the float64 reference at bf16's tolerance."""
+    import re
+    kernel = kernel_for(name, "bf16")
+    sizes = CASES[name][2]
+    src = kernel.source(*[x.shape for x in inputs(name, sizes)])
+    dots = [ln for ln in src.splitlines() if "lax.dot_general(" in ln]
+    assert dots and not any("HIGHEST" in ln for ln in dots), src
+    results = {re.match(r"\s*(\w+) = lax.dot_general", ln).group(1) for ln in dots}
+    for r in results:  # a dot result is never cast back to bf16
+        assert not re.search(rf"= {r}\.astype\(jnp\.bfloat16\)", src), src
+    upcast = set(re.findall(r"(\w+) = \w+\.astype\(jnp\.float32\)", src))
+    operands = {a for d in dots for a in re.findall(r"dot_general\((\w+), (\w+),", d)[0]}
+    assert operands and not operands & upcast, src  # no operand upcast to f32
+    check(name, kernel, sizes, "bf16")
+
+
+def test_num_warps_follow_the_largest_tile():
+    from napkin.lower.backends.triton import warps_for
+    assert [warps_for(n) for n in (64, 128 * 64, 128 * 128, 256 * 128, 256 * 256)] == \
+        [4, 4, 8, 8, 8]
+    kernel = kernel_for("attention", "bf16")
+    assert kernel.launch["num_warps"] == "auto"
+    shapes = [x.shape for x in inputs("attention", CASES["attention"][2])]
+    assert kernel.plan(*shapes).launch == {"num_warps": 4, "num_stages": 2}
+    assert "CompilerParams(num_warps=4, num_stages=2)" in kernel.source(*shapes)
+    pinned = lower(derive("attention", FLASH), FLASH_T, num_warps=8)
+    assert "CompilerParams(num_warps=8, num_stages=2)" in pinned.source(*shapes)

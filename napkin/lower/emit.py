@@ -13,6 +13,21 @@ Contractions become 2-D ``lax.dot_general`` calls with float32 accumulation wher
 every dimension is at least the backend's ``dot_min`` (Triton's ``tl.dot`` needs
 16), and multiply-and-sum otherwise; inserting unit axes is written as indexing
 (``x[:, None]``).
+
+The kernels' precision policy for contractions (what tensor cores do, and what
+FlashAttention does; the semantics computes each contraction at its operands' common
+dtype and rounds the result to it):
+
+* **operands** — when any floating operand is low precision (bf16, f16, fp8), every
+  operand is rounded to it, so the dot runs on tensor cores instead of upcasting the
+  low-precision one to f32 (P·V: P is rounded to V's dtype);
+* **result** — a contraction's result stays in its f32 accumulator: it is not rounded
+  back to the operands' dtype inside the kernel (the scores, a matmul's partial sums);
+  the kernel rounds only where it stores.
+
+Both keep a kernel within its dtype's tolerance of the exact meaning (the tests check
+every kernel against a float64 reference); all-f32 contractions are unchanged (exact,
+``precision=HIGHEST``, unless ``f32_precision="default"``).
 """
 from __future__ import annotations
 
@@ -152,6 +167,7 @@ class Writer:
         self.taken: set[str] = set()
         self.namespace = dict(GLOBALS, **(namespace or {}))
         self._compiled: dict[str, object] = {}
+        self.largest = 0  # values in the largest array written (a backend sizes its launch by it)
 
     # ---------------------------------------------------------------- names
     def fresh(self, base: str) -> str:
@@ -208,6 +224,7 @@ class Writer:
         """``name = expr`` where ``{0}``, ``{1}``… are the arguments."""
         if aval is None:
             aval = self._aval(expr, args)
+        self.largest = max(self.largest, math.prod(getattr(aval, "shape", ())))
         temp = name is None
         var = Var(self, self.fresh(name or "t"), aval, temp=temp)
         text = f"{var.name} = {expr.format(*map(str, args))}"
@@ -409,7 +426,11 @@ class Recorder:
         sizes = {}
         for ls, x in zip(letters, xs):
             sizes.update(zip(ls, x.shape))
-        dt = np.dtype(jnp.result_type(*[x.dtype for x in xs]))
+        floats = [x.dtype for x in xs if jnp.issubdtype(x.dtype, jnp.floating)]
+        low = [d for d in floats if d in LOW_PRECISION]
+        # operands at the low precision (tensor cores), the result in the f32 accumulator
+        dt = low[0] if low else np.dtype(jnp.result_type(*[x.dtype for x in xs]))
+        acc = np.dtype(jnp.float32) if low else dt
         operands = list(zip(letters, xs))
         while len(operands) > 1:
             (la, a), (lb, b) = operands[0], operands[1]
@@ -419,11 +440,13 @@ class Recorder:
                                                sizes, dt))] + operands[2:]
         (la, a), = operands
         summed = tuple(i for i, c in enumerate(la) if c not in out)
+        if summed and len(xs) == 1:
+            a = self.astype(a, acc)  # a low-precision sum accumulates in f32 too
         if summed:
             a = self.w.let(f"jnp.sum({{0}}, axis={summed})", a)
             la = "".join(c for c in la if c in out)
         a = self.transpose(a, [la.index(c) for c in out])
-        return self.astype(a, dt)
+        return self.astype(a, acc)
 
     def _sum_private(self, la, a, others):
         """Sum axes that only ``a`` carries (and the output lacks) first."""
@@ -471,7 +494,8 @@ class Recorder:
             prec = ", precision=lax.Precision.HIGHEST" if self.f32_precision == "highest" else ""
         c = self.w.let(f"lax.dot_general({{0}}, {{1}}, ((({ka},), ({kb},)), ((), ())), "
                        f"preferred_element_type=jnp.float32{prec})", a, b)
-        c = self.astype(c, dt)
+        if dt not in LOW_PRECISION:  # a low-precision dot's result stays in its f32 accumulator
+            c = self.astype(c, dt)
         shape = [1] * len(batch) + [sizes[x] for x in fa] + [sizes[x] for x in fb]
         c = self.reshape(c, shape)
         have = batch + fa + fb
@@ -490,4 +514,4 @@ class Recorder:
         if contracted:
             axes = tuple(range(len(out), len(full)))
             p = self.w.let(f"jnp.sum({{0}}, axis={axes if len(axes) > 1 else axes[0]})", p)
-        return self.astype(p, dt)
+        return p if dt in LOW_PRECISION else self.astype(p, dt)

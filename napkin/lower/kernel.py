@@ -79,6 +79,11 @@ class Specialised:
         return [a.shape for a in self.plan.outputs]
 
     @property
+    def launch(self) -> dict:
+        """The launch parameters this kernel was written with ("auto" resolved)."""
+        return self.written.launch
+
+    @property
     def notes(self) -> list:
         return self.plan.notes + self.written.notes
 

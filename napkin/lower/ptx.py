@@ -121,7 +121,8 @@ def compile_ptx(kernel, shapes, arch: int = 90, device_kind: str = "NVIDIA H100"
     except Exception as e:  # noqa: BLE001 — JAX's Triton lowering refused it: say so, keep why
         raise NapkinError(f"Pallas could not lower {kernel.name} for CUDA: {_first_line(e)}"
                           ) from e
-    results = [_compile(code, kernel, arch) for code in triton_modules(mlir)]
+    launch = kernel.plan(*shapes).launch  # as written ("auto" resolved)
+    results = [_compile(code, kernel, arch, launch) for code in triton_modules(mlir)]
     over = [c.shared for c in results if c.shared > SHARED_LIMIT]
     if check_shared and over:
         raise NapkinError(f"{kernel.name} needs {over[0]} bytes of shared memory per block "
@@ -134,7 +135,7 @@ def _first_line(e: Exception) -> str:
     return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
 
 
-def _compile(code: bytes, kernel, arch: int) -> CompiledKernel:
+def _compile(code: bytes, kernel, arch: int, launch: dict) -> CompiledKernel:
     """Triton's whole pipeline from make_ttir on.  ``triton.compile`` of a ``.ttir`` file
     would start after make_ttir, skipping canonicalize/combine/CSE (which XLA runs), and
     overstate registers and spills; so the backend's own stages run here, in order, with
@@ -146,8 +147,9 @@ def _compile(code: bytes, kernel, arch: int) -> CompiledKernel:
     target = GPUTarget("cuda", arch, 32)
     backend = make_backend(target)
     # FMA contraction on, as CUDA and every triton so far default to (3.9 warns when unset)
-    options = backend.parse_options({"num_warps": kernel.launch["num_warps"],
-                                     "num_stages": kernel.launch["num_stages"], "enable_fp_fusion": True})
+    options = backend.parse_options({"num_warps": launch["num_warps"],
+                                     "num_stages": launch["num_stages"],
+                                     "enable_fp_fusion": True})
     stages: dict = {}
     backend.add_stages(stages, options, Language.TRITON)
     ctx = ir.context()

@@ -3,7 +3,8 @@
 A backend is a module here holding a ``BACKEND`` object with
 
 * ``name`` and ``rules`` (:class:`~napkin.lower.plan.BlockRules`: what its blocks need);
-* ``launch`` — its launch parameters' defaults (``LoweredKernel(..., **launch)`` overrides);
+* ``launch`` — its launch parameters' defaults (``LoweredKernel(..., **launch)`` overrides;
+  "auto" lets the backend choose per kernel, and :class:`Written` says what it chose);
 * ``write(kernel, plan)`` → :class:`Written` (the module's source and its callables);
 * ``loads`` / ``stores`` — the jaxpr primitives its kernels move HBM data with (what
   ``napkin.lower.traffic`` counts);
@@ -30,6 +31,7 @@ class Written:
     source: str
     forward: object
     calls: dict = field(repr=False)
+    launch: dict = field(default_factory=dict)  # the launch parameters it was written with
     notes: list = field(default_factory=list)
 
 

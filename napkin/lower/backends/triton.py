@@ -344,6 +344,9 @@ class _Spelling:
     def write(self) -> Written:
         k, plan = self.k, self.plan
         kernel_lines = self.kernel_lines()
+        launch = dict(k.launch)
+        if launch["num_warps"] == "auto":
+            launch["num_warps"] = warps_for(self.w.largest)
         grid = plan.grid_shape
         grid_args = ", ".join(f"i{i}" for i in range(len(grid)))
         gaxes = plan.grid_axes
@@ -394,7 +397,7 @@ class _Spelling:
                 for o in plan.outputs]
         fwd += ["        ],",
                 f"        compiler_params=plt.CompilerParams(num_warps="
-                f"{k.launch['num_warps']}, num_stages={k.launch['num_stages']}),",
+                f"{launch['num_warps']}, num_stages={launch['num_stages']}),",
                 "        interpret=interpret,",
                 f"        name={identifier('napkin_' + k.name, 'napkin_kernel')!r},",
                 f"    )({args})"]
@@ -409,7 +412,18 @@ class _Spelling:
         calls = {False: jax.jit(forward, static_argnames=("interpret",)),
                  True: jax.jit(forward, static_argnames=("interpret",),
                                compiler_options=INTERPRET_COMPILER_OPTIONS)}
-        return Written(source, forward, calls)
+        return Written(source, forward, calls, launch)
+
+
+VALUES_PER_THREAD = 64  # of the largest tile: what 255 registers hold beside the rest
+
+
+def warps_for(largest: int) -> int:
+    """num_warps for a kernel whose largest array has ``largest`` values: enough warps that
+    a thread holds at most VALUES_PER_THREAD of it (a 128 x 64 f32 tile: 4 warps; 128 x 128:
+    8), between 4 and 8 (JAX's Pallas attention uses 4 at d <= 64 and 8 above)."""
+    want = -(-int(largest) // (32 * VALUES_PER_THREAD))
+    return min(8, max(4, 1 << max(0, (want - 1).bit_length())))
 
 
 class Triton:
@@ -417,8 +431,8 @@ class Triton:
 
     name = "triton"
     rules = BlockRules("Triton", pow2=True, dot_min=16)  # tl.dot needs M, N, K >= 16
-    # warps per program, software-pipelining stages: the defaults, as nothing chooses them yet
-    launch = {"num_warps": 4, "num_stages": 2}
+    # warps per program ("auto": warps_for the largest tile), software-pipelining stages
+    launch = {"num_warps": "auto", "num_stages": 2}
     loads = frozenset({"load", "masked_load", "get"})
     stores = frozenset({"swap", "masked_swap"})
 
