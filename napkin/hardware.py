@@ -188,7 +188,10 @@ class Hardware:
         """GMEM + ``on_chip`` only, as in the paper's two-level costs.
 
         Intermediate levels are folded into the path: bandwidth = the slowest hop, count =
-        instances under the top, alignment/divisibility = LCM of the hops' requirements.
+        instances under the top, alignment = LCM of the hops' requirements.  Divisibility is
+        the LCM over every level below the top, the ones below ``on_chip`` included: the
+        tensor cores' tile shapes (stated on the registers level) bind a contraction's tiles
+        whichever levels the model keeps.
         """
         idx = self.levels.index(self.level(on_chip))
         if idx == 0:
@@ -196,7 +199,7 @@ class Hardware:
                 f"hardware {self.name!r}: level {on_chip!r}: two_level needs a level below the top")
         path = self.levels[1:idx + 1]
         div: dict[str, int] = {}
-        for lv in path:
+        for lv in self.levels[1:]:
             for k, m in lv.divisibility.items():
                 div[k] = math.lcm(div.get(k, 1), m)
         lv = replace(

@@ -142,7 +142,12 @@ def test_two_level():
     assert regs.level("registers").count == 528
     assert regs.level("registers").bandwidth_bytes_per_s == 4.8e12
     assert regs.level("registers").multiple("mma_m") == 64
-    assert H100_SXM.two_level("l2").level("l2") == H100_SXM.level("l2")
+    # the tensor cores' shapes (stated on the registers level) bind tiles at any level kept
+    assert smem.multiple("mma_m") == 64 and smem.multiple("mma_k_bytes") == 32
+    l2 = H100_SXM.two_level("l2").level("l2")
+    assert dataclasses.replace(l2, divisibility={}) == \
+        dataclasses.replace(H100_SXM.level("l2"), divisibility={})
+    assert l2.multiple("mma_m") == 64
     with pytest.raises(HardwareError, match="gmem"):
         H100_SXM.two_level("gmem")
     with pytest.raises(HardwareError, match="unknown level"):

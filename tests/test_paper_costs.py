@@ -124,11 +124,19 @@ def test_attention_canonical_within_1_over_d():
 
 
 def test_attention_optimum_smallest_chunk_largest_group():
+    """The paper's optimum: the largest query group (transfers fall as 1/g_q) with the
+    smallest chunk that lets it fit; among chunks that fit beside that group (equal
+    transfers), the one with the fewest steps."""
     sizes = dict(q=4096, x=4096, d=128)
     cst = cost(program("attention", ATTENTION), "h100", "f16")
     t = optimize_tiles(cst, sizes=sizes, objective="transfers")
-    assert t.values == {"g_q": 256, "s_x": 16}            # s_x: LCM(mma_n 8, mma_k 16 for f16)
+    assert t.values == {"g_q": 256, "s_x": 64}
+    assert cst.fits({**sizes, "g_q": 256, "s_x": 16})["smem"]       # ties on transfers
+    assert not cst.fits({**sizes, "g_q": 256, "s_x": 128})["smem"]  # the largest that fits
     assert not cst.fits({**sizes, "g_q": 512, "s_x": 16})["smem"]  # the next group overflows
+    # s_x is a multiple of LCM(mma_n 8, mma_k 16 for f16)
+    assert dict(cst.tiles[sympy.Symbol("s_x", integer=True, positive=True)].multiples) == \
+        {"mma_k": 16, "mma_n": 8}
     assert t.transfers == 2 * 4096 * 128 + 2 * 4096 * 4096 * 128 / 256
     # multiples of 64 instead of powers of two: g_q = 384; within 20 % of the paper's
     # 2qd + 4xqd^2/M (the gap is the memory the model gives the score tile, mu, z and chunks)

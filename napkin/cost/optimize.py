@@ -296,6 +296,16 @@ class Grid:
             labels.append(f"compute:{unit}")
         return np.stack(times), labels
 
+    @functools.cached_property
+    def steps(self) -> np.ndarray:
+        """Tile steps of the program (the product over tiles of its extent ÷ the tile): of
+        points the roofline prices alike, the one with fewer, larger steps wins (each step
+        has overheads the roofline does not price)."""
+        out = np.ones(self.n)
+        for j, t in enumerate(self.free):
+            out *= self.ev(self.c.tiles[t].full) / self.flat[j]
+        return out
+
     @property
     def labels(self) -> list:
         return self._times[1]
@@ -358,9 +368,10 @@ class Grid:
         pick = np.where(ok)[0]
         prim, sec = ((self.time, self.transfer_time) if objective == "time"
                      else (self.Hv, self.time))
-        p = prim[pick]
-        pr = np.round(p / max(p.min(), 1e-300), 9)
-        order = np.lexsort((self.memsum[pick], sec[pick], pr))
+        def rank(v):  # equal up to rounding noise
+            return np.round(v / max(v.min(), 1e-300), 9)
+        pr = rank(prim[pick])
+        order = np.lexsort((self.memsum[pick], self.steps[pick], rank(sec[pick]), pr))
         return int(pick[order[0]]), True
 
     def values(self, i: int) -> dict:
@@ -378,7 +389,7 @@ def optimize_tiles(program, hardware=None, sizes: Mapping | None = None, dtype=N
 
     ``sizes``: axis sizes by name ({"q": 4096, ...}); tile symbols given here stay fixed.
     ``objective``: "time" (roofline; ties broken by the summed transfer time of all levels,
-    then memory) or "transfers"
+    then by fewer tile steps, then memory) or "transfers"
     (values moved at ``level``, the main level by default; ties broken by time, then memory).
     ``capacity``: bytes per level overriding the profile; ``multiples``: extra divisibility
     {tile name: multiple}, combined by LCM with what the model derived.
