@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import sys
 from pathlib import Path
 
 from napkin.cli import PICTURES, Outputs, arg, command, signature, table

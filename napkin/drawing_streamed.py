@@ -451,7 +451,7 @@ class _StreamBackend(_d._Backend):
                 self.draw_wire_label(source.x, *sp, node=source)
             if sp == tp:
                 continue
-            bend_out, bend_in = source.kind == "box", target.kind == "box"
+            bend_out = source.kind == "box"
             mid = (tp[0], sp[1]) if bend_out else (sp[0], tp[1])
             path = MPath([tuple(sp), mid, tuple(tp)], [MPath.MOVETO, MPath.CURVE3, MPath.CURVE3])
             self.axis.add_patch(PathPatch(path, facecolor="none", edgecolor=color,

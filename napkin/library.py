@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import sympy

@@ -50,7 +50,6 @@ def analyse(graph, reg, axis):
     """Split a region into claims, pre and post boxes; raise RuleError with the
     failed premise otherwise.  Returns (claims, pre, post)."""
     has = lambda v: ob(graph, v).type.has(axis)  # noqa: E731
-    label = reg.boxes()[-1].name if reg.nodes else "region"
     if not any(has(v) for v in reg.inputs):
         raise RuleError(f"cannot stream over {axis}: no input of the region carries axis {axis}")
     for v in reg.outputs:
@@ -82,9 +81,10 @@ def analyse(graph, reg, axis):
             continue
         why = mixing_reason(box, axis)
         if why:
+            hint = (" (softmax over an axis streams only when its output is contracted over "
+                    "that axis)" if box.spec.kind == "softmax" else "")
             raise RuleError(f"cannot stream over {axis}: {why} and no streamability rule covers "
-                            f"it" + (" (softmax over an axis streams only when its output is "
-                                     f"contracted over that axis)" if box.spec.kind == "softmax" else ""))
+                            f"it{hint}")
         pre.append(n)
     # Dependencies: pre boxes must be computable chunk by chunk.
     reduced = {v for c in claims for v in c.outputs}

@@ -182,3 +182,17 @@ def _applies(rule, p, site, params):
 def test_streamability_rules_have_proofs_named():
     for r in [*RULES.values(), *STREAMABILITY]:
         assert r.proof.startswith("proofs.") and r.summary
+
+
+def test_a_softmax_whose_output_is_not_contracted_says_why_it_cannot_stream():
+    """Σ_v softmax(X)[n, v] reduces v, but by a sum, not a contraction: the premise fails with
+    one line that names the axis and the condition that would let it stream."""
+    from napkin import ops
+    n, v = nk.axes("n v")
+    p = nk.trace(lambda X: ops.sum_(ops.softmax(X, v), v), {"X": (n, v)}, "softmax_sum")
+    with pytest.raises(RuleError) as e:
+        stream.apply(p, whole(p), {"axis": "v"})
+    assert str(e.value).startswith("cannot stream over v: ")
+    assert str(e.value).endswith("(softmax over an axis streams only when its output is "
+                                 "contracted over that axis)")
+    assert "\n" not in str(e.value)
