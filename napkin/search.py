@@ -397,12 +397,17 @@ class _Run:
                                   f"raise the limit (max_states / max_seconds)")
             raise NapkinError(_too_small(states, ev))
         # Alternatives: the best program of each distinct cost, best first (programs
-        # that only re-nest the same tiling cost the same and add nothing to read).
-        ranked, seen = [], {(round(best.time_s, 15), round(best.bytes, 3))}
+        # that only re-nest the same tiling cost the same and add nothing to read); those
+        # that fit nowhere are told apart by the memory their smallest tiles need.
+        ranked, seen = [], {(round(best.time_s, 15), round(best.bytes, 3), None)}
+
+        def smallest(s):
+            return None if s.feasible else tuple(sorted((lv, round(m)) for lv, m
+                                                        in s.min_memory.items()))
         for s in sorted((s for s in states if s.key != best.key),
-                        key=lambda s: (s.time_s, len(s.chain))):
+                        key=lambda s: (s.time_s, smallest(s) or (), len(s.chain))):
             sig = (round(s.time_s, 15) if math.isfinite(s.time_s) else math.inf,
-                   round(s.bytes, 3) if math.isfinite(s.bytes) else math.inf)
+                   round(s.bytes, 3) if math.isfinite(s.bytes) else math.inf, smallest(s))
             if sig not in seen:
                 seen.add(sig)
                 ranked.append(s)

@@ -232,3 +232,14 @@ def test_commuting_moves_are_applied_in_one_order_only(name, sizes):
     assert one.states <= every.states
     assert one.best.time_s == pytest.approx(every.best.time_s, rel=1e-12)
     assert chain(one) == chain(every)
+
+
+def test_alternatives_that_fit_nowhere_are_told_apart_by_their_smallest_memory():
+    """Programs that fit nowhere all cost ∞: the report keeps one of each smallest-memory
+    footprint, closest to fitting first, instead of one for all of them."""
+    r = search(get("attention").diagram(), H100, dict(q=4096, x=4096, d=128), "bf16")
+    lost = [a for a in r.alternatives if not a.feasible]
+    assert len(lost) >= 2
+    need = [sum(a.min_memory.values()) for a in lost]
+    assert need == sorted(need) and len(set(need)) == len(need)
+    assert all("does not fit on chip" in r.reason_loses(a) for a in lost)
