@@ -18,11 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from napkin.cost import cost
-from napkin.hardware import get_hardware
 from napkin.library import get
-from napkin.lower import lower
-from napkin.search import search
+from napkin.pipeline import optimize
 
 
 def timeit(f, *args, reps=10):
@@ -35,12 +32,13 @@ def timeit(f, *args, reps=10):
 
 
 def napkin_kernel(name, sizes, hw, dtype, interpret):
-    diagram = get(name).diagram()
-    r = search(diagram, hw, sizes, dtype)
-    tiles = {k: v for k, v in r.best.tiles.values.items()}
-    k = lower(r.best.program, tiles, dtype=dtype, interpret=interpret, name=name)
-    model = cost(r.best.program, get_hardware(hw).two_level(), dtype).evaluate({**sizes, **tiles})
-    return k, model["time_s"]["total"], tiles
+    """The optimiser's program for ``name`` as a kernel (napkin.optimize), its modelled time,
+    and its tiles with the launch parameters the kernel was written with."""
+    opt = optimize(name, hw, sizes, dtype)
+    k = opt.kernel(interpret=interpret)
+    shapes = [tuple(opt.sizes[a.name] for a in ob.type.axes) for ob in opt.algorithm.dom.inside]
+    model = opt.cost.evaluate({**opt.sizes, **opt.tiles})
+    return k, model["time_s"]["total"], {**opt.tiles, **k.plan(*shapes).launch}
 
 
 def attention_cases(smoke):
@@ -145,7 +143,7 @@ def main(argv=None):
             print(f"  case failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
         for r in rows[done:]:
             print("  " + " | ".join(map(str, r)), flush=True)
-    head = ("case", "impl", "max err", "ms", "TFLOP/s", "model ms", "meas/model", "tiles")
+    head = ("case", "impl", "max err", "ms", "TFLOP/s", "model ms", "meas/model", "tiles, launch")
     widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head))]
     for r in [head, *rows]:
         print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)))
