@@ -279,7 +279,8 @@ def _optimize_to(args, cert, drawing, out) -> int:
                                                      hardware=args.hardware,
                                                      tiles=r.best.tile_values))
     if args.json:
-        print(json.dumps(_jsonable(result_json(r, sizes, cert_path)), indent=2, sort_keys=True))
+        data = {**result_json(r, sizes, cert_path), "launch": opt.launch}
+        print(json.dumps(_jsonable(data), indent=2, sort_keys=True))
         return 0
     print(f"{name} on {args.hardware} ({args.levels} levels), {args.dtype}, sizes "
           + ", ".join(f"{k}={v}" for k, v in sizes.items()))
