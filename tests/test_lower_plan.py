@@ -151,3 +151,16 @@ def test_the_kernel_runs_the_schedule_it_is_given():
     with pytest.raises(NapkinError, match="the schedule given to lower\\(\\) is another "
                                           "program's"):
         lower(other, CASES["attention"][1], schedule=opt.schedule)
+
+
+@pytest.mark.parametrize("option, why", [
+    (dict(num_warps=3), "num_warps=3: the Triton backend takes 1, 2, 4, 8, 16 or 32 warps"),
+    (dict(num_warps=True), "num_warps=True: the Triton backend takes"),
+    (dict(num_stages=0), "num_stages=0: the Triton backend takes a positive integer"),
+    (dict(num_stages=1.5), "num_stages=1.5: the Triton backend takes a positive integer"),
+])
+def test_launch_parameters_triton_cannot_take_are_one_line(option, why):
+    program = derive("matmul", CASES["matmul"][0])
+    with pytest.raises(NapkinError) as e:
+        lower(program, CASES["matmul"][1], **option)
+    assert str(e.value).startswith(why) and "\n" not in str(e.value)

@@ -120,6 +120,7 @@ class LoweredKernel:
                               f"{', '.join(sorted(unknown))} (launch parameters: "
                               f"{', '.join(self.backend.launch)})")
         self.launch = {**self.backend.launch, **launch}
+        self.backend.check_launch(self.launch)
         self.tiles = {_symbol(k): v for k, v in (tiles or {}).items()}
         for key, v in self.tiles.items():
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0:

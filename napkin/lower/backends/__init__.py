@@ -4,7 +4,8 @@ A backend is a module here holding a ``BACKEND`` object with
 
 * ``name`` and ``rules`` (:class:`~napkin.lower.plan.BlockRules`: what its blocks need);
 * ``launch`` — its launch parameters' defaults (``LoweredKernel(..., **launch)`` overrides;
-  "auto" lets the backend choose per kernel, and :class:`Written` says what it chose);
+  "auto" lets the backend choose per kernel, and :class:`Written` says what it chose), and
+  ``check_launch(launch)``, which refuses values it cannot take in one line;
 * ``write(kernel, plan)`` → :class:`Written` (the module's source and its callables);
 * ``loads`` / ``stores`` — the jaxpr primitives its kernels move HBM data with (what
   ``napkin.lower.traffic`` counts);

@@ -436,6 +436,16 @@ class Triton:
     loads = frozenset({"load", "masked_load", "get"})
     stores = frozenset({"swap", "masked_swap"})
 
+    def check_launch(self, launch: dict) -> None:
+        """Refuse launch parameters Triton cannot take, naming what it can."""
+        warps, stages = launch["num_warps"], launch["num_stages"]
+        if warps != "auto" and (isinstance(warps, bool) or warps not in (1, 2, 4, 8, 16, 32)):
+            raise NapkinError(f"num_warps={warps!r}: the Triton backend takes 1, 2, 4, 8, 16 or "
+                              f"32 warps, or 'auto'")
+        if isinstance(stages, bool) or not isinstance(stages, int) or stages < 1:
+            raise NapkinError(f"num_stages={stages!r}: the Triton backend takes a positive "
+                              f"integer")
+
     def write(self, kernel, plan: KernelPlan) -> Written:
         return _Spelling(kernel, plan).write()
 
