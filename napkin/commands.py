@@ -221,9 +221,9 @@ def _cost_to(args, plot, out) -> int:
              "capacity", "time (s)", "symbolic transfers")]
     for lv in c.levels:
         tr, mem = data["transfers"].get(lv, {}), data["memory"].get(lv, {})
-        rows.append((lv, _table_cell(tr.get("values")), _table_cell(tr.get("bytes")), _table_cell(mem.get("bytes")),
-                     _table_cell(mem.get("capacity_bytes")), _table_cell(data["time_s"].get(lv)),
-                     tr.get("expr", "-")))
+        cells = (tr.get("values"), tr.get("bytes"), mem.get("bytes"), mem.get("capacity_bytes"),
+                 data["time_s"].get(lv))
+        rows.append((lv, *map(_table_cell, cells), tr.get("expr", "-")))
     print(table(rows))
     print(f"flops {data['flops']['total']:.4g} ({data['flops']['expr']}); compute "
           f"{data['time_s']['compute']:.4g} s; total {data['time_s']['total']:.4g} s, bound by "

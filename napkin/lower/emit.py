@@ -426,8 +426,7 @@ class Recorder:
         sizes = {}
         for ls, x in zip(letters, xs):
             sizes.update(zip(ls, x.shape))
-        floats = [x.dtype for x in xs if jnp.issubdtype(x.dtype, jnp.floating)]
-        low = [d for d in floats if d in LOW_PRECISION]
+        low = [x.dtype for x in xs if x.dtype in LOW_PRECISION]
         # operands at the low precision (tensor cores), the result in the f32 accumulator
         dt = low[0] if low else np.dtype(jnp.result_type(*[x.dtype for x in xs]))
         acc = np.dtype(jnp.float32) if low else dt
@@ -440,9 +439,9 @@ class Recorder:
                                                sizes, dt))] + operands[2:]
         (la, a), = operands
         summed = tuple(i for i, c in enumerate(la) if c not in out)
-        if summed and len(xs) == 1:
-            a = self.astype(a, acc)  # a low-precision sum accumulates in f32 too
         if summed:
+            if len(xs) == 1:
+                a = self.astype(a, acc)  # a low-precision sum accumulates in f32 too
             a = self.w.let(f"jnp.sum({{0}}, axis={summed})", a)
             la = "".join(c for c in la if c in out)
         a = self.transpose(a, [la.index(c) for c in out])

@@ -35,21 +35,12 @@ import sympy
 from napkin.arrays import array_types, canonical_dtype
 from napkin.errors import NapkinError, ShapeError
 from napkin.lower.backends import DEFAULT, Written, get_backend
-from napkin.lower.plan import KernelPlan, Planner, peel, pow2_at_least, stream_boxes
+from napkin.lower.plan import KernelPlan, Planner, peel, stream_boxes
 from napkin.primitives import JNP_DTYPES
 
 
 def _symbol(key):
     return sympy.Symbol(key, integer=True, positive=True) if isinstance(key, str) else key
-
-
-class pow2ceil(sympy.Function):
-    """The least power of two >= n (block size of a streamed axis)."""
-
-    @classmethod
-    def eval(cls, n):
-        if n.is_Integer:
-            return sympy.Integer(pow2_at_least(int(n)))
 
 
 class Specialised:
@@ -167,16 +158,10 @@ class LoweredKernel:
             if sym not in self.tiles:
                 raise NapkinError(f"{what}: no tile size for {sym} (pass tiles={{'{sym}': 64}})")
             value, name = int(self.tiles[sym]), f"tile {sym}"
-        if not self.backend.rules.tile_ok(value):
+        if not self.backend.rules.size_ok(value):
             raise NapkinError(f"{name}={value} must be a power of two for the "
                               f"{self.backend.rules.name} backend")
         return value
-
-    def chunk_of(self, axis) -> int:
-        for spec in self._streams:
-            if spec.axis == axis:
-                return self.size_of(spec.chunk, f"stream {axis}")
-        raise NapkinError(f"internal: no stream over {axis}")
 
     def describe(self) -> str:
         parts = [f"group {s.axis} ({s.size}={self.size_of(s.size, '')})"
@@ -200,16 +185,13 @@ class LoweredKernel:
         """{array name: block shape}, symbolic in the whole axes' sizes."""
         gs = {s.axis: self.size_of(s.size, "") for s in self.structure.groups}
         streams = {s.axis: self.size_of(s.chunk, "") for s in self._streams}
-        def padded(n, chunk):  # cf. BlockRules.block
-            if self.backend.rules.pow2:
-                return sympy.Max(pow2ceil(n), chunk)
-            return sympy.ceiling(sympy.sympify(n) / chunk) * chunk
+        block = self.backend.rules.block
         out = {}
         body = self.structure.body
         for ob, p in zip(body.dom.inside, self.structure.in_map):
             t = self.in_types[p]
             out[ob.name] = tuple(gs[a.name] if a.name in gs else
-                                 padded(a.size, streams[a.name]) if a.name in streams
+                                 block(a.size, streams[a.name]) if a.name in streams
                                  else a.size for a in t.axes)
         for ob in body.cod.inside:
             out[ob.name] = tuple(gs.get(a.name, a.size) for a in ob.type.axes)

@@ -44,6 +44,15 @@ def pow2_at_least(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 
 
+class pow2ceil(sympy.Function):
+    """The least power of two >= n (block size of a streamed axis), symbolic."""
+
+    @classmethod
+    def eval(cls, n):
+        if n.is_Integer:
+            return sympy.Integer(pow2_at_least(int(n)))
+
+
 @dataclass(frozen=True)
 class BlockRules:
     """What a backend needs of block shapes (declared by the backend, enforced here)."""
@@ -51,15 +60,16 @@ class BlockRules:
     pow2: bool = True         # tiles, chunks and whole blocks are powers of two
     dot_min: int | None = 16  # a contraction with a dimension below this is multiply-and-sum
 
-    def block(self, n: int, chunk: int) -> int:
+    def block(self, n, chunk: int):
         """The block that holds a streamed axis of ``n`` in chunks of ``chunk`` (the
-        ragged tail's chunk lies inside it)."""
+        ragged tail's chunk lies inside it); an int for an int ``n``, else symbolic."""
+        if not isinstance(n, (int, np.integer)):
+            n = sympy.sympify(n)
+            return sympy.Max(pow2ceil(n), chunk) if self.pow2 else sympy.ceiling(n / chunk) * chunk
         return max(pow2_at_least(n), chunk) if self.pow2 else -(-int(n) // chunk) * chunk
 
-    def whole_ok(self, n: int) -> bool:
-        return is_pow2(n) or not self.pow2
-
-    def tile_ok(self, n: int) -> bool:
+    def size_ok(self, n: int) -> bool:
+        """Whether a tile, a chunk or a block kept whole may be ``n`` long."""
         return is_pow2(n) or not self.pow2
 
 
@@ -328,13 +338,15 @@ class Planner:
         return int(sympy.sympify(loop.full).subs(self.env))
 
     def plan(self) -> KernelPlan:
-        streams = {}
-        for box in stream_boxes(self.st.body):
-            streams[id(box.spec)] = self.stream(box)
-        return KernelPlan(self.k.name, self.k.describe(), self.grid, self.inputs(),
+        streams = {id(box.spec): self.stream(box) for box in stream_boxes(self.st.body)}
+        chunks = {}
+        for s in streams.values():  # the first stream over an axis sets its block
+            chunks.setdefault(s.axis, s.chunk)
+        return KernelPlan(self.k.name, self.k.describe(), self.grid, self.inputs(chunks),
                           self.outputs(), streams, self.env, self.sizes, self.notes)
 
-    def inputs(self) -> list:
+    def inputs(self, chunks: dict) -> list:
+        """``chunks``: the chunk of every streamed axis."""
         body, rules = self.st.body, self.rules
         g = to_graph(body)
         names = _unique([identifier(ob.name, "x") for ob in body.dom.inside])
@@ -363,7 +375,7 @@ class Planner:
                     continue
                 index.append(None)
                 if a in streamed:
-                    chunk = self.k.chunk_of(a)
+                    chunk = chunks[a]
                     padded = rules.block(n, chunk)
                     if whole and padded != n:
                         raise NapkinError(
@@ -372,7 +384,7 @@ class Planner:
                             f">= the chunk {chunk}")
                     block.append(padded)
                 else:
-                    if not rules.whole_ok(n):
+                    if not rules.size_ok(n):
                         raise NapkinError(
                             f"input {prog_names[p]}: axis {a}={n} is loaded whole into every "
                             f"program; the {rules.name} backend needs a power of two (pad it, "
@@ -399,7 +411,7 @@ class Planner:
                     block.append(self.grid[self.gaxes[a]].tile)
                     index.append(self.gaxes[a])
                 else:
-                    if not self.rules.whole_ok(n):
+                    if not self.rules.size_ok(n):
                         raise NapkinError(f"output {labels[i]}: axis {a}={n} is written whole "
                                           f"by every program; the {self.rules.name} backend "
                                           f"needs a power of two (group it, or pad it)")

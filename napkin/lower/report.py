@@ -1,8 +1,8 @@
 """A kernel's memory as modelled and as allocated, side by side (``napkin lower --report``).
 
 Modelled: the schedule (``napkin.schedule.build``, with the kernel's pipeline stages) at the
-concrete sizes and tiles, per level — its peak bytes, and the buffers declared at that level (read off the schedule's items: the
-Buffers it declares and the Steps' outputs).  Allocated: what Triton and ptxas made of the
+concrete sizes and tiles, per level — its peak bytes, and the buffers declared at that level
+(read off the schedule's items: the Buffers it declares and the Steps' outputs).  Allocated: what Triton and ptxas made of the
 lowered kernel (:func:`napkin.lower.ptx.compile_ptx`) — shared memory beside the smem level,
 with the ratio allocated/modelled, and registers and spills beside the registers level.
 Without a matching triton the allocated side is one line saying why.

@@ -25,7 +25,6 @@ import numpy as np
 from napkin.errors import NapkinError
 
 
-
 class _Unknown:
     def __repr__(self):
         return "?"
