@@ -124,6 +124,14 @@ class Hardware:
     smem_per_block_max_bytes: int | None = None
     l2_bytes: int | None = None
     warpgroup_threads: int = 128
+    # The launch model (napkin.cost.launch); register_budget None = a roofline only.
+    register_budget: int | None = None     # 4-byte registers of data one thread may hold
+    registers_per_thread_max: int = 255
+    warps_per_block: tuple[int, ...] = (4, 8)  # the launch choices, fewest first
+    pipeline_stages: int = 2               # most chunk buffers in flight per stream
+    max_blocks_per_sm: int = 32
+    launch_s: float = 0.0                  # fixed cost of one kernel launch
+    step_s: float = 0.0                    # least time of one sequential step of a block
     sources: tuple[str, ...] = ()
 
     def __post_init__(self):
@@ -131,6 +139,7 @@ class Hardware:
             object.__setattr__(self, k, v)
         set_("levels", tuple(self.levels))
         set_("sources", tuple(self.sources))
+        set_("warps_per_block", tuple(self.warps_per_block))
         set_("flops_per_s", FrozenMap(self.flops_per_s))
         _validate_levels(self)
         for k, v in _defaults(self).items():
@@ -317,6 +326,16 @@ def _validate_chip(hw: Hardware) -> None:
     for f in ("registers_per_sm_bytes", "l2_bytes"):
         if getattr(hw, f) is not None:
             need(getattr(hw, f), "", f, integer=True, allow_zero=True)
+    if hw.register_budget is not None:
+        need(hw.register_budget, "", "register_budget", integer=True)
+    for f in ("registers_per_thread_max", "pipeline_stages", "max_blocks_per_sm"):
+        need(getattr(hw, f), "", f, integer=True)
+    for f in ("launch_s", "step_s"):
+        need(getattr(hw, f), "", f, allow_zero=True)
+    if not hw.warps_per_block:
+        fail("field warps_per_block must list at least one warp count")
+    for w in hw.warps_per_block:
+        need(w, "", "warps_per_block", integer=True)
     if (hw.smem_per_block_max_bytes or 0) > (hw.smem_per_sm_bytes or math.inf):
         fail(f"field smem_per_block_max_bytes {hw.smem_per_block_max_bytes} exceeds "
              f"smem_per_sm_bytes {hw.smem_per_sm_bytes}")
@@ -404,7 +423,8 @@ def hardware_from_dict(data: Mapping, default_name: str = "custom") -> Hardware:
     return Hardware(levels=tuple(levels), flops_per_s=flops, **chip)
 
 
-_FLOAT_KEYS = {"bandwidth_bytes_per_s", "vector_flops_per_s", "exp_per_s", "clock_hz", "flops"}
+_FLOAT_KEYS = {"bandwidth_bytes_per_s", "vector_flops_per_s", "exp_per_s", "clock_hz", "flops",
+               "launch_s", "step_s"}
 
 
 def _as_float(key, v):
@@ -504,6 +524,14 @@ def _nvidia(name, *, sms, clock_hz, l2_bytes, hbm_bytes_per_s, l2_bytes_per_s, s
         smem_per_sm_bytes=smem_per_sm,
         smem_per_block_max_bytes=smem_per_block,
         l2_bytes=l2_bytes,
+        # [EST] registers of data a thread may hold, calibrated on ptxas for sm_90 (triton
+        # 3.9): the schedule counts a value and its in-place successor once where the
+        # compiler keeps both (scores in f32 beside P in bf16), so tiles above ~128 spill
+        register_budget=128, registers_per_thread_max=255, warps_per_block=(4, 8),
+        pipeline_stages=2,              # double buffering: the next chunk loads during this one
+        max_blocks_per_sm=32,           # [CUDA] CC 8.0 and 9.0: 32 resident blocks per SM
+        launch_s=3e-6,                  # [EST] a kernel launch, a few microseconds
+        step_s=200 / clock_hz,          # [EST] ~200 cycles of loop, barrier and issue per step
         sources=tuple(_SRC[s] for s in sources),
     )
 

@@ -38,7 +38,7 @@ class Optimized:
     dtype: str | None         # storage dtype of every value (None: each wire's own)
     search: object            # napkin.search.SearchResult
     tiles: dict               # tile name -> int
-    launch: dict              # the lowering's launch parameters (its defaults: none is searched)
+    launch: dict              # the kernel's launch parameters, chosen with the tiles
     base: Path | None = None  # the folder a relative FILE.py of ``source`` is in
 
     @property
@@ -128,7 +128,16 @@ def optimize(algorithm, hardware="h100", sizes: dict | None = None, dtype: str |
     r = search(diagram, hardware, sizes, dtype, max_states=max_states, max_seconds=max_seconds,
                levels=levels)
     return Optimized(name, diagram, source, r.hardware, sizes, dtype, r,
-                     dict(r.best.tiles.values), dict(get_backend().launch), None if base is None else Path(base))
+                     dict(r.best.tiles.values), launch_of(r.best.tiles, get_backend()),
+                     None if base is None else Path(base))
+
+
+def launch_of(tiles, backend) -> dict:
+    """The launch parameters the cost model chose with the tiles (one kernel's warps and
+    stages), in the backend's terms; its defaults where the model chose none."""
+    chosen = {k: v for k, v in (tiles.launch[0] if len(tiles.launch) == 1 else {}).items()
+              if k in backend.launch}
+    return {**backend.launch, **chosen}
 
 
 def _resolve(algorithm, source, base) -> tuple[str, object, str | dict | None]:

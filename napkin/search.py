@@ -258,11 +258,13 @@ class Evaluator:
                 state.bytes = float(grid.Hb[best])
                 state.bound_by = grid.labels[int(grid.which[best])]
             state.tile_values = grid.values(best)
-            state.min_memory = {lv: float(m.min()) for lv, m in grid.mem.items()}
+            state.min_memory = grid.shortfall(launch=self.objective == "time")
             if not feasible:  # how far from fitting: every box's own arrays beyond the
                 # smallest capacity (each layer of a stack counts: the kernels' peaks alone
                 # are one per shape, blind to one layer fixed), then every kernel's need
-                state.excess = (self.overflow(state.program, {**self.sizes, **state.tile_values}),
+                launches = grid.launches if self.objective == "time" else None
+                state.excess = (self.overflow(state.program, {**self.sizes, **state.tile_values})
+                                + (launches.excess if launches is not None else 0.0),
                                 sum(float(m.min()) for arrays in grid.mem_candidates.values()
                                     for m in arrays))
         except Exception as e:  # noqa: BLE001 - a program that cannot be costed is not chosen
@@ -565,8 +567,13 @@ def _too_small(states, ev) -> str:
     if not need:
         errs = {s.error for s in states if s.error}
         return "no program could be costed: " + "; ".join(sorted(errs))
-    lv = min(need, key=lambda k: need[k])
-    cap = ev.hw.level(lv).capacity_bytes
+    hw = ev.hw
+    over = {lv: n for lv, n in need.items()
+            if n > min(hw.level(lv).capacity_bytes or math.inf,
+                       hw.smem_per_block_max_bytes if lv == "smem" and hw.register_budget
+                       else math.inf)}
+    lv = min(over or need, key=lambda k: need[k])
+    cap = hw.level(lv).capacity_bytes
     return (f"no streamed program fits: the smallest needs {need[lv]:.0f} bytes of {lv} "
             f"but the budget is {cap} bytes (a budget of at least {math.ceil(need[lv])} bytes "
             f"would fit)")

@@ -164,8 +164,17 @@ def test_optimizer_respects_capacity_and_reports():
     t = optimize_tiles(cst, sizes=sizes)
     assert t.feasible and t.memory_bytes["smem"] <= 228 * 1024
     assert all(t.values[k] % t.multiples[k] == 0 for k in t.values)
-    assert t.values["g_a"] == t.values["g_c"] == 256            # the largest square that fits
-    assert t.bound_by == "l2" and math.isclose(t.time_s, t.transfers_bytes / 3.35e12)
+    # the largest output tile whose f32 accumulator a block's registers hold (256 x 256
+    # would need 256 registers of data per thread at 8 warps: it spills)
+    assert {t.values["g_a"], t.values["g_c"]} == {128, 256}
+    (k,) = t.launch
+    assert k["num_warps"] == 8 and k["registers_per_thread"] <= 128 and k["spilled_bytes"] == 0
+    assert k["smem_bytes"] <= 227 * 1024 and k["num_stages"] == 2
+    # HBM-bound, spread over 512 blocks in 4 waves of 132 SMs, plus one launch
+    assert k["blocks"] == 512 and k["waves"] == 4
+    useful = 512 / (4 * 132)
+    assert t.bound_by == "l2" and math.isclose(
+        t.time_s, 3e-6 + t.transfers_bytes / 3.35e12 / useful, rel_tol=1e-9)
     tiny = optimize_tiles(cst, sizes=sizes, capacity={"smem": 1024})
     assert not tiny.feasible
     fixed = optimize_tiles(cst, sizes={**sizes, "s_b": 128})

@@ -187,6 +187,8 @@ class Tiles:
     lower_bound_expr: sympy.Expr | None = None
     lower_bound_ratio: float | None = None
     lower_bound_ratio_continuous: float | None = None
+    launch: list = field(default_factory=list)   # per kernel: warps, stages, smem, blocks...
+    why: str = ""              # infeasible: the budget the chosen point breaks
 
     def to_json(self, sizes: Mapping | None = None) -> dict:
         return {
@@ -205,6 +207,7 @@ class Tiles:
                                  else str(self.lower_bound_expr)),
             "lower_bound_ratio": self.lower_bound_ratio,
             "lower_bound_ratio_continuous": self.lower_bound_ratio_continuous,
+            "launch": list(self.launch),
         }
 
 
@@ -315,7 +318,18 @@ class Grid:
         return self._times[0][:len(self.c.levels) - 1].sum(axis=0)
 
     @functools.cached_property
+    def launches(self):
+        """The launch model at every point (napkin.cost.launch), for a profile that has
+        one; None for a roofline-only profile."""
+        from napkin.cost.launch import Launches, modelled
+        return Launches(self) if modelled(self.c.hardware) else None
+
+    @functools.cached_property
     def time(self) -> np.ndarray:
+        """Seconds at every point: the launch model's where the profile has one (each
+        kernel's blocks, waves and steps), else the roofline."""
+        if self.launches is not None:
+            return self.launches.time
         return self._times[0].max(axis=0)
 
     @functools.cached_property
@@ -352,17 +366,36 @@ class Grid:
                 out += float(term)
         return out
 
-    def feasible(self, capacity: Mapping | None = None) -> np.ndarray:
+    def feasible(self, capacity: Mapping | None = None, launch: bool = True) -> np.ndarray:
+        """Points that run.  Tiles nest; with ``launch`` and a profile that has a launch
+        model, every kernel launches within a block's shared memory and the threads'
+        registers; otherwise (the paper's setting) every level's peak fits its capacity.
+        A ``capacity`` given here binds either way."""
         ok = self.nested_ok.copy()
+        launches = self.launches if launch else None
+        if launches is not None:
+            ok &= launches.fits
         for lv in self.c.levels[1:]:
-            cap = (capacity or {}).get(lv, self.c.hardware.level(lv).capacity_bytes)
+            cap = (capacity or {}).get(lv)
+            if cap is None and launches is None:
+                cap = self.c.hardware.level(lv).capacity_bytes
             if cap is not None:
                 ok &= self.mem[lv] <= cap
         return ok
 
+    def shortfall(self, launch: bool = True) -> dict:
+        """What the smallest point needs, per budget: {level: bytes} (its peak, or with a
+        launch model the block's shared memory), and "registers" (data registers per thread
+        at the most warps) where a launch model has them."""
+        if launch and self.launches is not None:
+            return self.launches.shortfall()
+        return {lv: float(m.min()) for lv, m in self.mem.items()}
+
     def best(self, objective: str = "time", capacity: Mapping | None = None):
         """(index, feasible): the optimum among the points that fit (else the smallest)."""
-        ok = self.feasible(capacity)
+        # the paper's problem (least transfers within each level's capacity) is priced
+        # without the launch model; time is the GPU's, launch model included
+        ok = self.feasible(capacity, launch=objective == "time")
         if not ok.any():
             return int(np.argmin(self.memsum)), False
         pick = np.where(ok)[0]
@@ -408,7 +441,9 @@ def optimize_tiles(program, hardware=None, sizes: Mapping | None = None, dtype=N
                 memory_bytes={lv: float(g.mem[lv][best]) for lv in g.mem},
                 time_s=float(g.time[best]), bound_by=g.labels[int(g.which[best])],
                 capacity_values=(cap_level or math.inf) / _ref_bytes(c), multiples=dict(g.mult),
-                candidates=dict(g.cands), evaluated=int(g.n))
+                candidates=dict(g.cands), evaluated=int(g.n),
+                launch=g.launches.at(best) if g.launches is not None else [],
+                why=g.launches.why(best) if g.launches is not None else "")
     _continuous(c, out, g.sizes, level, cap_level, g.mult)
     return out
 

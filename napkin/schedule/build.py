@@ -299,8 +299,8 @@ class _Builder:
 
         owned: set = set()
 
-        def hold(v, buf, start, end):
-            loop.holds.append((buf.values, buf.bytes, start, end))
+        def hold(v, buf, start, end, loaded=False):
+            loop.holds.append((buf.values, buf.bytes, start, end, loaded))
             owned.add(v)
 
         def ensure(v, i):
@@ -308,7 +308,7 @@ class _Builder:
                 buf = self.emit(self.buffer(ob(v), L, "tile"))
                 self.move(ob(v), home[v], L, ref[v], buf)
                 home[v], ref[v] = L, buf
-                hold(v, buf, i, last(v))
+                hold(v, buf, i, last(v), loaded=True)
 
         def fused(v):
             if v in out_home_of or len(cons[v]) != 1:

@@ -178,7 +178,9 @@ class Loop:
     # has, what it holds when, and the nested loops whose memory adds in at a step
     at: int = -1
     steps: int = 0
-    holds: list = field(default_factory=list)      # (values, bytes, first, last)
+    # (values, bytes, first, last, loaded): loaded = a tile moved in from a level above,
+    # else a value computed here (a GPU keeps those in registers, the loaded ones in SMEM)
+    holds: list = field(default_factory=list)
     children: list = field(default_factory=list)   # (step, Loop)
     merge_only: bool = False   # the program and GMEM-level groups: kernels side by side
     # a stream's memory besides its update body: its state, one chunk, init and finalize
@@ -196,30 +198,36 @@ class Loop:
             if isinstance(it, Loop):
                 yield from it.walk(m)
 
-    def peaks(self) -> dict:
+    def peaks(self, part: str = "all") -> dict:
         """{level index: Peak}: the most memory live at once per instance of each level,
-        for one execution of this loop (its nested loops folded in)."""
+        for one execution of this loop (its nested loops folded in).
+
+        ``part``: "all" (everything held), "loaded" (tiles moved in from above and the
+        streams' chunks: what a GPU stages in shared memory) or "computed" (values made
+        here and the streams' state: what a GPU keeps in registers)."""
         if self.merge_only:
             out: dict = {}
             for _, child in self.children:
-                merge_peaks(out, child.peaks())
+                merge_peaks(out, child.peaks(part))
             return out
+        keep = {"all": (True, False), "loaded": (True,), "computed": (False,)}[part]
         at_step: dict = {}
         deeper: dict = {}
         for step, child in self.children:
             if child.kind == "stream":
-                here, deep = child.stream_peaks()
+                here, deep = child.stream_peaks(part)
                 at_step.setdefault(step, []).append(here)
                 merge_peaks(deeper, deep)
                 continue
-            pk = child.peaks()
+            pk = child.peaks(part)
             if child.at == self.at and self.at in pk:
                 at_step.setdefault(step, []).append(pk.pop(self.at))
             merge_peaks(deeper, pk)
         here = Peak()
         for i in range(max(self.steps, 1)):
-            vals = sum((h[0] for h in self.holds if h[2] <= i <= h[3]), ZERO)
-            byts = sum((h[1] for h in self.holds if h[2] <= i <= h[3]), ZERO)
+            live = [h for h in self.holds if h[2] <= i <= h[3] and h[4] in keep]
+            vals = sum((h[0] for h in live), ZERO)
+            byts = sum((h[1] for h in live), ZERO)
             if i in at_step:
                 for pk in at_step[i]:
                     here.merge(pk.add(vals, byts))
@@ -232,18 +240,20 @@ class Loop:
             out[self.at] = here
         return out
 
-    def stream_peaks(self) -> tuple[Peak, dict]:
+    def stream_peaks(self, part: str = "all") -> tuple[Peak, dict]:
         """A stream's memory at its level (state + max(update + one chunk, finalize)) and
-        the deeper levels of its bodies."""
-        up, fin, init = self.peaks(), self.finalize.peaks(), self.init.peaks()
+        the deeper levels of its bodies (``part`` as in :meth:`peaks`)."""
+        up, fin, init = self.peaks(part), self.finalize.peaks(part), self.init.peaks(part)
+        chunk = self.chunk if part != "computed" else (ZERO, ZERO)
+        state = self.state if part != "loaded" else (ZERO, ZERO)
         here = Peak()
-        here.merge(up.pop(self.at).add(*self.chunk))
-        here.merge(fin.pop(self.at))
+        here.merge(up.pop(self.at, Peak()).add(*chunk))
+        here.merge(fin.pop(self.at, Peak()))
         init.pop(self.at, None)
         deeper: dict = {}
-        for part in (up, fin, init):
-            merge_peaks(deeper, part)
-        return here.add(*self.state), deeper
+        for body in (up, fin, init):
+            merge_peaks(deeper, body)
+        return here.add(*state), deeper
 
 
 # --------------------------------------------------------------------------- records

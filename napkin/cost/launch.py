@@ -1,0 +1,214 @@
+"""The launch model: how a GPU runs each kernel of a program at given tiles.
+
+The roofline (``Cost.time_s``) prices a program as if the whole chip worked on it at once,
+with unbounded on-chip memory.  A GPU runs each kernel as a grid of thread blocks, and this
+module prices that, per kernel (:func:`napkin.schedule.resources.kernels`) and per tile point
+of a :class:`napkin.cost.optimize.Grid`, for a profile whose ``register_budget`` is set:
+
+* **launch parameters** — warps per block: the fewest of ``warps_per_block`` whose threads
+  hold the block's register-resident values within ``register_budget`` registers each,
+  with no more warp groups than its matrix products have rows for (``mma_m`` each);
+  pipeline stages: the most, up to ``pipeline_stages``, whose chunk buffers fit the block's
+  shared memory (``smem_per_block_max_bytes``).  A point whose one-stage buffers do not fit
+  is infeasible (the reason says by how much).  Registers beyond the budget spill: the
+  compiler still builds the kernel, and the spilled bytes are stored and loaded again every
+  step, which the time prices at the HBM rate.
+* **occupancy and waves** — blocks per SM (shared memory, registers, ``max_blocks_per_sm``);
+  a grid of B blocks on S SMs with k blocks each runs ceil(B / (S·k)) waves; the chip's
+  useful fraction is B / (waves·S·k), or the busy SMs' share when one partial wave leaves
+  SMs idle.
+* **time** — per kernel: ``launch_s`` + max(roofline ÷ useful fraction, waves × a block's
+  sequential steps × ``step_s``); with a single stage, loads and compute do not overlap
+  (their sum, not their max).  A program's time is its kernels' sum.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from napkin.schedule.resources import kernels as kernel_resources
+
+REGISTER_OVERHEAD = 32  # [EST] registers a thread spends on indices, addresses and loop state
+THREADS_PER_WARP = 32
+
+
+@dataclass
+class KernelLaunch:
+    """One kernel at every point of a grid (arrays of the grid's length)."""
+    name: str
+    warps: np.ndarray
+    stages: np.ndarray
+    smem: np.ndarray           # bytes per block at the chosen stages
+    smem1: np.ndarray          # bytes per block at one stage
+    registers: np.ndarray      # data registers per thread at the chosen warps
+    spilled: np.ndarray        # bytes per block beyond the register budget (spilled)
+    blocks_per_sm: np.ndarray
+    ctas: np.ndarray
+    waves: np.ndarray
+    fits: np.ndarray
+    why: str                   # at one point: "" where it fits, else the budget it breaks
+    time: np.ndarray
+
+    def at(self, i: int) -> dict:
+        """The launch at point ``i``: what a kernel is written with and a reader checks."""
+        return {"kernel": self.name, "num_warps": int(self.warps[i]),
+                "num_stages": int(self.stages[i]), "smem_bytes": int(self.smem[i]),
+                "registers_per_thread": int(math.ceil(self.registers[i])),
+                "spilled_bytes": int(self.spilled[i]),
+                "blocks": int(self.ctas[i]), "blocks_per_sm": int(self.blocks_per_sm[i]),
+                "waves": int(self.waves[i])}
+
+
+def modelled(hw) -> bool:
+    """Whether ``hw`` states a launch model (else tiles are priced by the roofline alone)."""
+    return getattr(hw, "register_budget", None) is not None
+
+
+class Launches:
+    """Every kernel of a grid's program, launched at every point of the grid.  Only the
+    totals are kept (fits, time, the least each budget must be): a search holds a grid per
+    state, and a point's details are worked out again when asked for (:meth:`at`)."""
+
+    def __init__(self, grid):
+        self.grid = grid
+        c, hw, n = grid.c, grid.c.hardware, grid.n
+        self.resources = kernel_resources(c.schedule)
+        self.fits, self.time = np.ones(n, bool), np.zeros(n)
+        self.least_smem = 0.0
+        self.excess = 0.0  # bytes by which the kernels' smallest points break the budget
+        limit = _smem_limit(c)
+        for k in self.resources:
+            kl = self._kernel(k, c, hw, grid.ev, n)
+            self.fits &= kl.fits
+            self.time += kl.time
+            smem = float(kl.smem1.min())
+            self.least_smem = max(self.least_smem, smem)
+            self.excess += max(0.0, smem - limit)
+
+    def _at(self, i: int) -> list[KernelLaunch]:
+        from napkin.cost.model import value_at
+        env = {**self.grid.sizes, **self.grid.values(i)}
+        ev = lambda e: np.array([value_at(e, env)])  # noqa: E731
+        c = self.grid.c
+        return [self._kernel(k, c, c.hardware, ev, 1) for k in self.resources]
+
+    def at(self, i: int) -> list[dict]:
+        """Each kernel's launch at point ``i``."""
+        return [k.at(0) for k in self._at(i)]
+
+    def shortfall(self) -> dict:
+        """The least the block level's shared memory must be for some point to fit (the
+        neediest kernel's smallest point)."""
+        return {self.grid.c.levels[_block(self.grid.c)]: self.least_smem}
+
+    def why(self, i: int) -> str:
+        """Why point ``i`` does not launch ("" when it does)."""
+        return "; ".join(f"{k.name}: {k.why}" for k in self._at(i) if k.why)
+
+    @staticmethod
+    def _kernel(k, c, hw, ev, n) -> KernelLaunch:
+        from napkin.cost.model import _fold
+        regs_bytes = 4 * _max(ev, k.registers, n)  # computed in f32, whatever is stored
+        smem1, stage = _max(ev, k.smem, n), ev(k.stage)
+        # warps: the fewest whose threads hold the register-resident values, and no more
+        # warp groups than the matrix products have rows for (M = mma_m per warp group)
+        choices = sorted(hw.warps_per_block)
+        most = np.full(n, float(choices[-1]))
+        if k.rows is not None:
+            groups = np.maximum(np.floor(ev(k.rows) / _mma_m(hw)), 1)
+            warp_groups = groups * hw.warpgroup_threads // THREADS_PER_WARP
+            most = np.full(n, float(choices[0]))
+            for w in choices:
+                most = np.where(w <= warp_groups, np.maximum(most, w), most)
+        per_thread = lambda w: regs_bytes / (4 * THREADS_PER_WARP * w)  # noqa: E731
+        warps = most.copy()
+        for w in reversed(choices):
+            warps = np.where((w <= most) & (per_thread(w) <= hw.register_budget), w, warps)
+        regs = per_thread(warps)
+        # stages: the most whose chunk buffers fit the block's shared memory (the profile's
+        # per-block limit, or a smaller capacity its block level states)
+        limit = _smem_limit(c)
+        stages = np.zeros(n)
+        for s in range(1, hw.pipeline_stages + 1):
+            stages = np.where(smem1 + (s - 1) * stage <= limit, s, stages)
+        smem = smem1 + (np.maximum(stages, 1) - 1) * stage
+        fits = stages >= 1
+        # the reason is words for one point (a grid's worth of strings would cost seconds)
+        why = "" if n != 1 or fits[0] else \
+            f"{int(smem1[0]):,} B of shared memory per block (limit {int(limit):,})"
+        # registers beyond the budget spill to local memory: stored and loaded again every
+        # step, through the block's level (the compiler still builds the kernel; it is slow)
+        spilled = np.maximum(regs - hw.register_budget, 0) * 4 * THREADS_PER_WARP * warps
+        # occupancy: blocks per SM by shared memory, registers and the hardware's cap
+        alloc = np.minimum(hw.registers_per_thread_max,
+                           np.ceil((regs + REGISTER_OVERHEAD) / 8) * 8)
+        by_regs = hw.registers_per_sm_bytes // np.maximum(alloc * 4 * THREADS_PER_WARP * warps, 1)
+        by_smem = np.where(smem > 0, hw.smem_per_sm_bytes // np.maximum(smem, 1),
+                           hw.max_blocks_per_sm)
+        per_sm = np.maximum(np.minimum(np.minimum(by_regs, by_smem), hw.max_blocks_per_sm), 1)
+        ctas = np.maximum(np.round(ev(k.ctas)), 1)
+        slots = hw.sms * per_sm
+        waves = np.ceil(ctas / slots)
+        useful = np.where(ctas >= slots, ctas / (waves * slots),
+                          np.minimum(ctas, hw.sms) / hw.sms)
+        # the kernel's own roofline: bytes into each level, and compute, per launch
+        totals, blocks = _fold(k.loop), ev(k.loop.trips)  # one block's, times the blocks
+        moved_b = {}
+        for table in (totals.loads_b, totals.stores_b):
+            for lv, t in table.items():
+                moved_b[lv] = moved_b.get(lv, 0) + sum(t.values(), 0)
+        parts = [blocks * ev(moved_b.get(lv, 0)) / hw.level(lv).bandwidth_bytes_per_s
+                 for lv in c.levels[1:]]
+        # spilled registers: out and back every step, priced at the HBM rate (local
+        # memory is backed by it, and a spilling kernel waits on every round trip)
+        parts.append(2 * ctas * spilled * np.maximum(ev(k.steps), 1) / hw.memory_bandwidth)
+        compute = blocks * _compute(totals.flops, hw, ev, n)
+        moved = sum(parts, np.zeros(n))
+        overlap = np.maximum(np.max(np.stack(parts), axis=0) if parts else 0.0, compute)
+        roof = np.where((stages >= 2) | (k.streams == 0), overlap, moved + compute)
+        latency = waves * ev(k.steps) * hw.step_s
+        time = ev(k.launches) * (hw.launch_s + np.maximum(roof / useful, latency))
+        return KernelLaunch(k.name, warps.astype(int), np.maximum(stages, 1).astype(int), smem,
+                            smem1, regs, spilled, per_sm.astype(int), ctas, waves, fits, why,
+                            time)
+
+
+def _smem_limit(c) -> int:
+    """Shared memory one block may use: the profile's per-block limit, or a smaller
+    capacity its block level states."""
+    return min(c.hardware.smem_per_block_max_bytes, c.hardware.levels[_block(c)].capacity_bytes)
+
+
+def _block(c) -> int:
+    """The index of the level one block's shared memory sits at."""
+    from napkin.hardware import resolve_level
+    return resolve_level(list(c.levels), "smem")
+
+
+def _mma_m(hw) -> int:
+    """Rows one warp group's tensor-core instruction takes (the profile's mma_m; 1 if none)."""
+    return max((lv.multiple("mma_m") for lv in hw.levels), default=1)
+
+
+def _max(ev, cands, n) -> np.ndarray:
+    return np.max(np.stack([ev(e) for e in cands]), axis=0) if cands else np.zeros(n)
+
+
+def _compute(flops: dict, hw, ev, n) -> np.ndarray:
+    """The kernel's compute time: its units run side by side, the slowest one counts."""
+    from napkin.hardware import HardwareError
+    tensor, vector, sfu = np.zeros(n), np.zeros(n), np.zeros(n)
+    for unit, f in flops.items():
+        if unit.startswith("tensor:"):
+            try:
+                peak = hw.peak_flops(unit.split(":", 1)[1])
+            except HardwareError:
+                peak = hw.vector_flops_per_s or hw.peak_flops("f32")
+            tensor = tensor + ev(f) / peak
+        elif unit == "sfu" and hw.exp_per_s:
+            sfu = sfu + ev(f) / hw.exp_per_s
+        elif hw.vector_flops_per_s:
+            vector = vector + ev(f) / hw.vector_flops_per_s
+    return np.maximum(np.maximum(tensor, vector), sfu)

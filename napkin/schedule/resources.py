@@ -1,0 +1,158 @@
+"""What each kernel of a schedule asks of a GPU: its grid, its sequential steps, its shared
+memory and its registers, read off the one loop nest.
+
+The two-level model (the paper's) puts everything on chip in one memory M.  A GPU splits it:
+tiles moved in from HBM (and a stream's chunks, once per pipeline stage) are staged in shared
+memory, budgeted per block; values computed on chip (a stream's state, the score tile, dot
+results) live in registers, budgeted per thread.  Both come from the schedule's liveness
+(:meth:`napkin.schedule.nest.Loop.peaks` with ``part="loaded"`` / ``"computed"``), so they are
+the same buffers the cost model and the pseudocode show.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import sympy
+
+from napkin.hardware import resolve_level
+from napkin.memo import IdentityMemo
+from napkin.primitives import matmul_axes
+from napkin.schedule.nest import ONE, ZERO, Loop, Schedule, Step, prune
+
+
+_MEMO = IdentityMemo(20000)
+
+
+@dataclass(frozen=True)
+class KernelResources:
+    """One kernel of a program (a top-level box), per launch.
+
+    ``launches``: how many times it is launched (sequential GMEM groups around it).
+    ``ctas``: thread blocks per launch (the product of its grid's groups).
+    ``steps``: sequential stream steps one block runs.
+    ``smem``: candidate bytes of shared memory per block with one chunk per stream (the
+    peak is their max); ``stage``: bytes each further pipeline stage adds (one more chunk of
+    every streamed input).  ``registers``: candidate counts of register-resident values per
+    block (state and computed temporaries; values, since a kernel computes them in f32
+    whatever dtype the schedule stores them in).
+    """
+    loop: Loop
+    name: str
+    launches: sympy.Expr
+    ctas: sympy.Expr
+    steps: sympy.Expr
+    smem: tuple
+    stage: sympy.Expr
+    registers: tuple
+    streams: int
+    rows: sympy.Expr | None    # the fewest rows (M) of its matrix products; None: it has none
+
+
+def kernels(schedule: Schedule) -> list[KernelResources]:
+    """Every kernel of ``schedule``, in program order.  A block is one instance of the
+    profile's per-SM level ("smem"): groups at it or above spread blocks over the chip,
+    levels at it or below are the block's own memory."""
+    levels = list(schedule.levels)
+    block = resolve_level(levels, "smem")
+    out = []
+    for k, launches in _kernel_loops(schedule.root, ONE):
+        # a kernel's loop is shared by every program that holds it: analysed once
+        r = _MEMO.get((k,), lambda: _resources(k, ONE, schedule.stages, levels, block),
+                      (schedule.stages, tuple(levels)))
+        out.append(r if launches == ONE else dataclasses.replace(r, launches=launches))
+    return out
+
+
+def _kernel_loops(loop: Loop, launches):
+    for it in loop.items:
+        if not isinstance(it, Loop):
+            continue
+        if it.kind == "use":
+            yield from _kernel_loops(it, launches)
+        elif it.merge_only:  # a GMEM group: its body's kernels, launched once per group
+            yield from _kernel_loops(it, launches * it.trips)
+        else:
+            yield it, launches
+
+
+def _resources(k: Loop, launches, stages: int, levels: list, block: int) -> KernelResources:
+    streams = [s for s, _ in _loops(k) if s.kind == "stream"]
+    spread = lambda loop: (loop.kind == "group" and loop.parallel  # noqa: E731
+                           and levels.index(loop.level) <= block)
+    # bytes one more stage adds: the largest stream's chunks (streams run one after another)
+    stage = max((s.chunk[1] / stages for s in streams), key=_sample, default=ZERO)
+    return KernelResources(
+        loop=k, name=k.name or f"group {k.axis}", launches=launches, ctas=_ctas(k, spread),
+        steps=_steps(k, spread), smem=tuple(prune([b - (stages - 1) * stage for b in
+                                                   _in_block(k.peaks("loaded"), block)])),
+        stage=sympy.expand(stage),
+        registers=tuple(prune(_in_block(k.peaks("computed"), block, values=True))),
+        streams=len(streams), rows=_rows(k))
+
+
+def _rows(k: Loop):
+    """The M extent of the kernel's smallest matrix product: the first operand's output axes
+    the second lacks (a tensor-core instruction takes a fixed number of rows per warp group,
+    so it bounds how many warp groups the product can use)."""
+    rows = []
+    for it, _ in k.walk():
+        if isinstance(it, Step) and it.spec.kind == "contract":
+            ins = tuple(ob.type for ob in it.box.dom.inside)
+            outs = tuple(ob.type for ob in it.box.cod.inside)
+            mm, m_ax, _, _ = matmul_axes(ins, outs)
+            if mm:
+                sizes = {a.name: a.size for t in ins for a in t.axes}
+                rows.append(sympy.Mul(*(sizes[a] for a in m_ax if a not in ins[1].names)))
+    return min(rows, key=_sample) if rows else None
+
+
+def _loops(loop: Loop):
+    for it, m in loop.walk():
+        if isinstance(it, Loop):
+            yield it, m
+
+
+def _in_block(peaks: dict, block: int, values: bool = False) -> list:
+    """One block's bytes (or values): the sum of the peaks of the block's level and the
+    levels below it (their instances all sit in the block)."""
+    total = [ZERO]
+    for i, pk in peaks.items():
+        cands = pk.vals if values else pk.byts
+        if i >= block and cands:
+            total = [a + b for a in total for b in cands]
+    return total
+
+
+def _ctas(k: Loop, spread):
+    """Blocks per launch: the trips of the groups that spread the kernel over the chip (the
+    largest product where sibling groups do so)."""
+    if not spread(k):
+        return ONE  # a box outside every group: one block holds the whole arrays
+    inner = [_ctas(g, spread) for g in k.items if isinstance(g, Loop) and spread(g)]
+    return k.trips * max(inner, key=_sample, default=ONE)
+
+
+def _steps(loop: Loop, spread):
+    """Sequential steps of one block: each stream's trips (times the steps inside it),
+    summed over the streams one after another; grid groups add none of their own."""
+    total = ZERO
+    for it in loop.items:
+        if not isinstance(it, Loop):
+            continue
+        inner = _steps(it, spread)
+        if it.kind == "stream":
+            total += it.trips * (inner if inner != 0 else ONE)
+        elif spread(it):
+            total += inner  # more blocks of the grid: they run side by side
+        elif it.kind == "group" and not it.parallel:
+            total += it.trips * inner
+        else:
+            total += inner
+    return sympy.expand(total)
+
+
+def _sample(e) -> float:
+    """A size-independent order of expressions: their value with every size at 1024."""
+    e = sympy.sympify(e)
+    return float(e.xreplace({s: 1024 for s in e.free_symbols}))
