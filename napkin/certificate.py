@@ -24,12 +24,17 @@ JSON format (``napkin-certificate/1``; keys sorted, 2-space indent)::
         {"rule": "stream_partition", "site": {"path": [0], "ops": [0, 1, 2, 3]},
          "params": {"axis": "x", "chunk": "s_x"}, "result": "<sha256>"}
       ],
-      "result": "<sha256>"                 # fingerprint of the final program
+      "result": "<sha256>",                # fingerprint of the final program
+      "launch": {"num_warps": 8, "num_stages": 2}  # optional: the kernel's launch
     }
 
 The derivation is symbolic: programs (and so fingerprints) carry symbolic axis
 and tile sizes, so one certificate covers every size; ``sizes`` and ``tiles``
-only instantiate the numeric cross-check.
+only instantiate the numeric cross-check.  ``launch`` (optional) records the launch
+parameters the cost model chose with the full-size tiles (warps, pipeline stages), so
+the kernel can be rebuilt as it was measured; they change how a kernel runs, not what it
+computes, so the checker only checks their form (positive integers, powers of two for
+warps).
 
 A *fingerprint* is the sha256 of a canonical text rendering of a program:
 input wire types, then boxes in the deterministic topological order of
@@ -336,6 +341,16 @@ def _int_map(data, what: str, bound: int | None = MAX_CHECK_SIZE) -> dict[str, i
     return dict(data)
 
 
+def _launch(data) -> dict[str, int]:
+    """A certificate's launch parameters: positive integers; warps a power of two."""
+    launch = _int_map(data, "launch", bound=1024)
+    for k, v in launch.items():
+        if v < 1 or (k == "num_warps" and v & (v - 1)):
+            want = "a power of two" if k == "num_warps" else "a positive integer"
+            raise CertificateError(f"launch: {k} = {v} must be {want}")
+    return launch
+
+
 def _nesting(data) -> int:
     """How deeply lists and objects nest in parsed JSON (iteratively)."""
     deepest, todo = 0, [(data, 1)]
@@ -405,14 +420,18 @@ class Certificate:
     result: str
     source: str
     symbolic: list[str] = field(default_factory=list)
+    launch: dict[str, int] = field(default_factory=dict)
     format: str = FORMAT
     origin: Path | None = field(default=None, compare=False)  # the file it came from
 
     def to_dict(self) -> dict:
-        return {"format": self.format, "algorithm": self.algorithm, "dtype": self.dtype,
-                "source": self.source, "sizes": dict(self.sizes), "tiles": dict(self.tiles),
-                "symbolic": sorted(self.symbolic), "steps": [s.to_json() for s in self.steps],
-                "result": self.result}
+        out = {"format": self.format, "algorithm": self.algorithm, "dtype": self.dtype,
+               "source": self.source, "sizes": dict(self.sizes), "tiles": dict(self.tiles),
+               "symbolic": sorted(self.symbolic), "steps": [s.to_json() for s in self.steps],
+               "result": self.result}
+        if self.launch:
+            out["launch"] = dict(self.launch)
+        return out
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True, indent=2) + "\n"
@@ -430,7 +449,7 @@ class Certificate:
         if missing:
             raise CertificateError(f"certificate lacks {', '.join(missing)}")
         unknown = sorted(set(data) - {"format", "algorithm", "dtype", "source", "sizes", "tiles",
-                                      "symbolic", "steps", "result"})
+                                      "symbolic", "steps", "result", "launch"})
         if unknown:
             raise CertificateError(f"unknown certificate field(s) {', '.join(unknown)}")
         try:
@@ -450,7 +469,7 @@ class Certificate:
                    _int_map(data["tiles"], "tiles"),
                    [Step.from_json(s, i + 1) for i, s in enumerate(data["steps"])],
                    _digest(data["result"], "result"), _digest(data["source"], "source"),
-                   list(symbolic), fmt, origin)
+                   list(symbolic), _launch(data.get("launch", {})), fmt, origin)
 
     @classmethod
     def from_json(cls, text: str, origin: Path | None = None) -> Certificate:
@@ -520,7 +539,7 @@ def _site(program, site, rule: str):
 
 
 def derive(algorithm, steps, sizes: dict, tiles: dict, dtype: str = "f32",
-           base: Path | None = None) -> Certificate:
+           base: Path | None = None, launch: dict | None = None) -> Certificate:
     """Apply ``steps`` to the algorithm and record the certificate.
 
     ``algorithm``: a library name or ``{"from": "FILE:NAME"}``.  ``steps``:
@@ -553,7 +572,8 @@ def derive(algorithm, steps, sizes: dict, tiles: dict, dtype: str = "f32",
         recorded.append(Step(rule, site, params, fingerprint(program)))
     return Certificate(algorithm, dtype, _int_map(dict(sizes), "sizes"),
                        _int_map(dict(tiles), "tiles"), recorded, fingerprint(program), source,
-                       sorted(size_symbols(program)), origin=Path(base) if base else None)
+                       sorted(size_symbols(program)), _launch(dict(launch or {})),
+                       origin=Path(base) if base else None)
 
 
 def stored_certificates():

@@ -424,8 +424,10 @@ def _lower_to(args, emit, out) -> int:
     if cert is not None:
         from napkin.hardware import get_hardware
         program, sizes = replay(cert, args.algorithm), dict(cert.sizes)
+        from napkin.lower.backends import get_backend
+        launch = {k: v for k, v in cert.launch.items() if k in get_backend(args.backend).launch}
         k = lower(program, dict(cert.tiles), backend=args.backend, dtype=args.dtype,
-                  name=str(name))
+                  name=str(name), **launch)  # as the certificate's kernel was launched
         hardware = get_hardware(args.hardware).two_level()  # as `cost` models a certificate
     else:
         sizes = sizes_for(diagram, parse_sizes(args.size), "--size")

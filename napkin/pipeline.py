@@ -62,8 +62,9 @@ class Optimized:
             return None
         from napkin.certificate import derive, fingerprint
         small, small_tiles = check_instance(self.sizes, self.tiles)
+        chosen = {k: v for k, v in self.launch.items() if isinstance(v, int)}  # not "auto"
         cert = derive(self.source, [(m.rule, m.site, m.params_dict) for m in self.chain],
-                      small, small_tiles, base=self.base)
+                      small, small_tiles, base=self.base, launch=chosen)
         if cert.source != fingerprint(self.algorithm):  # a certificate of another diagram
             raise NapkinError(f"source {_label(self.source)} builds a different diagram from "
                               f"the one searched: a certificate must name the very diagram it "

@@ -379,3 +379,26 @@ def test_fingerprints_stable_across_processes_and_hash_seeds(probes):
         assert digests == [s["result"] for s in stored(name)["steps"]], name
     # no search code is loaded by the checker (nor by replaying a derivation)
     assert not [m for m in results[0]["modules"] if "search" in m], results[0]["modules"]
+
+
+def test_a_certificate_carries_the_launch_the_model_chose():
+    """The launch parameters travel with the tiles: optimize's certificate records the warps
+    and stages its kernel is written with, they survive JSON, and ``lower`` from the
+    certificate writes the kernel with them.  Their form is checked: a tampered launch is a
+    clear error, not a kernel Triton refuses later."""
+    from napkin.pipeline import optimize
+    opt = optimize("attention", "h100", dict(q=512, x=512, d=64), "bf16")
+    cert = opt.certificate
+    assert cert.launch == {"num_warps": opt.launch["num_warps"],
+                           "num_stages": opt.launch["num_stages"]}
+    assert cert.launch == {k: opt.search.best.tiles.launch[0][k] for k in cert.launch}
+    again = Certificate.from_json(cert.to_json())
+    assert again.launch == cert.launch and check_certificate(again).ok
+    data = json.loads(cert.to_json())
+    for bad, why in (({"num_warps": 3}, "num_warps = 3 must be a power of two"),
+                     ({"num_stages": 0}, "num_stages = 0 must be a positive integer"),
+                     ({"num_warps": "8"}, "'num_warps' must map to an integer")):
+        with pytest.raises(CertificateError, match=why):
+            Certificate.from_dict({**data, "launch": bad})
+    del data["launch"]  # certificates without one (older, or hand-written) still load
+    assert Certificate.from_dict(data).launch == {}

@@ -79,6 +79,9 @@ class Specialised:
         return self.plan.notes + self.written.notes
 
     def call(self, *operands, interpret: bool):
+        if not interpret and self.plan.gpu_refusal:
+            raise NapkinError(f"{self.plan.name} cannot be compiled for a GPU: "
+                              f"{self.plan.gpu_refusal}")
         if any(isinstance(x, jax.core.Tracer) for x in operands):  # inside jit / vmap / grad
             return self.written.forward(*operands, interpret=bool(interpret))
         return self.written.calls[bool(interpret)](*operands, interpret=bool(interpret))

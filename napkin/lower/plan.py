@@ -32,7 +32,7 @@ from napkin.arrays import array_types
 from napkin.errors import NapkinError
 from napkin.ir import to_graph
 from napkin.lower.emit import identifier
-from napkin.primitives import JNP_DTYPES
+from napkin.primitives import JNP_DTYPES, matmul_axes
 from napkin.semantics import bind_sizes
 
 
@@ -261,6 +261,7 @@ class KernelPlan:
     env: dict               # size symbol -> value (axis sizes and tiles)
     sizes: dict             # axis name -> size
     notes: list
+    gpu_refusal: str = ""   # why it cannot run compiled (a tile makes a dot too small)
 
     @property
     def grid_shape(self) -> tuple:
@@ -343,7 +344,35 @@ class Planner:
         for s in streams.values():  # the first stream over an axis sets its block
             chunks.setdefault(s.axis, s.chunk)
         return KernelPlan(self.k.name, self.k.describe(), self.grid, self.inputs(chunks),
-                          self.outputs(), streams, self.env, self.sizes, self.notes)
+                          self.outputs(), streams, self.env, self.sizes, self.notes,
+                          self.small_dot())
+
+    def small_dot(self) -> str:
+        """Why the kernel cannot be compiled: a matrix product with a dimension under the
+        backend's least dot that a tile makes so ("" when none).  Interpret mode runs such
+        a product as multiply-and-sum; on a GPU it would leave the tensor cores (and
+        Triton's compile time explodes), so compiled kernels refuse it.  A whole axis that
+        small is the problem's own size, not a choice: it runs as multiply-and-sum."""
+        least, tiles = self.rules.dot_min, set(self.k.tiles)
+        for box in _primitives(self.st.body):
+            if box.spec.kind != "contract":
+                continue
+            ins = tuple(ob.type for ob in box.dom.inside)
+            mm, m_ax, n_ax, summed = matmul_axes(ins, tuple(ob.type for ob in box.cod.inside))
+            if not mm:
+                continue
+            size = {a.name: sympy.sympify(a.size) for t in ins for a in t.axes}
+            m_ax = [a for a in m_ax if a not in ins[1].names]
+            for what, axes in (("M", m_ax), ("N", n_ax), ("K", summed)):
+                extent = int(np.prod([int(size[a].subs(self.env)) for a in axes]))
+                tiled = [a for a in axes if size[a].free_symbols & tiles]
+                if extent < least and tiled:
+                    why = ", ".join(f"{a} in tiles of {size[a]} = {int(size[a].subs(self.env))}"
+                                    for a in tiled)
+                    return (f"{box.name}: its {what} dimension is {extent} ({why}), under "
+                            f"{least}, the least dot dimension of the {self.rules.name} backend "
+                            f"on a GPU; choose tiles of at least {least}")
+        return ""
 
     def inputs(self, chunks: dict) -> list:
         """``chunks``: the chunk of every streamed axis."""
@@ -460,6 +489,16 @@ class Planner:
             return None
         self.notes.append(f"stream {ax}: static tile skipping from the {qa}/{ax} masks")
         return SkipPlan(qa, kinds, low, high, (rng[0][0] // s, -(-rng[1][1] // s)), None)
+
+
+def _primitives(diagram):
+    """Every primitive box of ``diagram``, group and stream bodies included."""
+    for box in diagram.boxes:
+        bodies = getattr(box.spec, "bodies", None)
+        if bodies is None:
+            yield box
+        for body in bodies or ():
+            yield from _primitives(body)
 
 
 def _unique(names):

@@ -47,6 +47,7 @@ class KernelResources:
     registers: tuple
     streams: int
     rows: sympy.Expr | None    # the fewest rows (M) of its matrix products; None: it has none
+    inner_group: str = ""      # the axis of a group inside a block's body ("" when none)
 
 
 def kernels(schedule: Schedule) -> list[KernelResources]:
@@ -88,7 +89,24 @@ def _resources(k: Loop, launches, stages: int, levels: list, block: int) -> Kern
                                                    _in_block(k.peaks("loaded"), block)])),
         stage=sympy.expand(stage),
         registers=tuple(prune(_in_block(k.peaks("computed"), block, values=True))),
-        streams=len(streams), rows=_rows(k))
+        streams=len(streams), rows=_rows(k), inner_group=_inner_group(k, spread))
+
+
+def _inner_group(k: Loop, spread) -> str:
+    """A group inside the block's body: below the chain of groups that make the grid (a
+    block runs its body's steps and streams; nothing launches a group's instances there)."""
+    loop = k
+    while True:
+        inner = [it for it in loop.items if isinstance(it, Loop)]
+        steps = any(isinstance(it, Step) for it in loop.items)
+        if len(inner) == 1 and not steps and spread(inner[0]):
+            loop = inner[0]
+            continue
+        break
+    for it, _ in loop.walk():
+        if isinstance(it, Loop) and it.kind == "group":
+            return it.axis
+    return ""
 
 
 def _rows(k: Loop):
