@@ -12,7 +12,8 @@ of a :class:`napkin.cost.optimize.Grid`, for a profile whose ``register_budget``
   shared memory (``smem_per_block_max_bytes``).  A point whose one-stage buffers do not fit
   is infeasible (the reason says by how much).  Registers beyond the budget spill: the
   compiler still builds the kernel, and the spilled bytes are stored and loaded again every
-  step, which the time prices at the HBM rate.  A group inside a block's body (below the
+  step, which the time prices at the HBM rate; such a point is chosen only where every
+  point of the program spills.  A group inside a block's body (below the
   groups that make the grid) has no launch: such a program does not fit.
 * **occupancy and waves** — blocks per SM (shared memory, registers, ``max_blocks_per_sm``);
   a grid of B blocks on S SMs with k blocks each runs ceil(B / (S·k)) waves; the chip's
@@ -76,13 +77,15 @@ class Launches:
         self.grid = grid
         c, hw, n = grid.c, grid.c.hardware, grid.n
         self.resources = kernel_resources(c.schedule)
-        self.fits, self.time = np.ones(n, bool), np.zeros(n)
+        # fits: within every budget; runs: within shared memory (registers spill, priced)
+        self.fits, self.runs, self.time = np.ones(n, bool), np.ones(n, bool), np.zeros(n)
         self.least_smem = 0.0
         self.excess = 0.0  # bytes by which the kernels' smallest points break the budget
         limit = _smem_limit(c)
         for k in self.resources:
             kl = self._kernel(k, c, hw, grid.ev, n)
-            self.fits &= kl.fits
+            self.runs &= kl.fits
+            self.fits &= kl.fits & (kl.spilled == 0)
             self.time += kl.time
             smem = float(kl.smem1.min())
             self.least_smem = max(self.least_smem, smem)

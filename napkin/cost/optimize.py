@@ -373,8 +373,9 @@ class Grid:
         A ``capacity`` given here binds either way."""
         ok = self.nested_ok.copy()
         launches = self.launches if launch else None
-        if launches is not None:
-            ok &= launches.fits
+        if launches is not None:  # a point that spills runs, and is priced so; it is
+            # chosen only where every point of the program spills
+            ok &= launches.fits if (ok & launches.fits).any() else launches.runs
         for lv in self.c.levels[1:]:
             cap = (capacity or {}).get(lv)
             if cap is None and launches is None:

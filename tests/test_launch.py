@@ -1,0 +1,163 @@
+"""The launch model (napkin.cost.launch): shared memory per block, registers per thread,
+warps, stages, waves, spills and time, per kernel of a program.
+
+The shared-memory figures are Triton's own allocations for these kernels on sm_90 (triton
+3.9, ``napkin lower --report``; recorded in benchmarks/RESULTS.md): the model's count is the
+compiler's, byte for byte."""
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+
+from napkin.cost import cost
+from napkin.cost.launch import Launches
+from napkin.cost.optimize import Grid, optimize_tiles
+from napkin.errors import NapkinError
+from napkin.hardware import get_hardware, hardware_from_dict, load_toml
+from napkin.library import get
+from napkin.schedule.resources import kernels
+from napkin.search import search
+from test_cost import ATTENTION, MATMUL, program
+
+H100 = get_hardware("h100").two_level()
+
+
+def launch_at(name, steps, sizes, tiles, hw=H100, dtype="bf16"):
+    c = cost(program(name, steps), hw, dtype)
+    g = Grid(c, {**sizes, **tiles})
+    (k,) = g.launches.at(0)
+    return k, g
+
+
+@pytest.mark.parametrize("d, g_q, s_x, stages2", [(64, 128, 64, 49152), (64, 128, 128, 81920),
+                                                  (64, 64, 64, 40960), (128, 64, 64, 81920)])
+def test_shared_memory_is_the_tiles_plus_a_chunk_per_stage(d, g_q, s_x, stages2):
+    """Q's tile once, K's and V's chunks once per pipeline stage: what Triton allocates."""
+    k, _ = launch_at("attention", ATTENTION, dict(q=4096, x=4096, d=d), dict(g_q=g_q, s_x=s_x))
+    assert k["num_stages"] == 2
+    assert k["smem_bytes"] == stages2 == 2 * g_q * d + 2 * (2 * 2 * s_x * d)
+
+
+def test_matmul_shared_memory_and_warps():
+    k, _ = launch_at("matmul", MATMUL, dict(a=4096, b=4096, c=4096),
+                     dict(g_a=128, g_c=256, s_b=128))
+    assert k["smem_bytes"] == 196608                # Triton's allocation at 2 stages
+    assert k["num_warps"] == 8 and k["registers_per_thread"] == 128  # 128x256 f32 / 256
+    assert k["spilled_bytes"] == 0 and k["blocks"] == 512 and k["waves"] == 4
+
+
+def test_warps_follow_the_registers_and_the_rows():
+    """The fewest warps whose threads hold the accumulator and scores; no more warp groups
+    than the block has 64-row slices for the tensor cores."""
+    sizes = dict(q=4096, x=4096, d=64)
+    k, _ = launch_at("attention", ATTENTION, sizes, dict(g_q=128, s_x=64))
+    # O 128x64 + S 128x64 + m, l: 132 registers at 4 warps, over the budget: 8 warps
+    assert k["num_warps"] == 8 and k["registers_per_thread"] == 66
+    k, _ = launch_at("attention", ATTENTION, sizes, dict(g_q=64, s_x=256))
+    # 64 rows are one warp group's: 4 warps, even though 8 would hold more
+    assert k["num_warps"] == 4 and k["registers_per_thread"] > 128 and k["spilled_bytes"] > 0
+
+
+def test_spills_are_priced():
+    """A tile past the register budget still runs, slower by its spill traffic."""
+    sizes = dict(a=4096, b=4096, c=4096)
+    big, g = launch_at("matmul", MATMUL, sizes, dict(g_a=256, g_c=256, s_b=64))
+    assert big["registers_per_thread"] == 256 and big["spilled_bytes"] == 128 * 4 * 256
+    # out and back every step of every block, at the HBM rate; 256 blocks in 2 waves
+    spill = 2 * 256 * big["spilled_bytes"] * 64 / 3.35e12
+    assert big["waves"] == 2 and spill > g._times[0].max(axis=0)[0]
+    assert math.isclose(g.time[0], 3e-6 + spill / (256 / 264), rel_tol=1e-9)
+    # chosen only where nothing fits the budget: here 128 x 256 does
+    t = optimize_tiles(g.c, sizes=sizes)
+    assert t.launch[0]["spilled_bytes"] == 0
+
+
+def test_waves_and_launch_cost_price_a_small_grid():
+    """16 blocks on 132 SMs use an eighth of the chip: the time is the roofline's ÷ 16/132,
+    plus one launch."""
+    hw = H100
+    c = cost(program("matmul", MATMUL), hw, "bf16")
+    g = Grid(c, dict(a=512, b=4096, c=512, g_a=128, g_c=128, s_b=64))
+    (k,) = g.launches.at(0)
+    assert k["blocks"] == 16 and k["waves"] == 1
+    roof = g._times[0].max(axis=0)[0]
+    assert math.isclose(g.time[0], hw.launch_s + roof * 132 / 16, rel_tol=1e-9)
+
+
+def test_the_search_picks_tiles_that_launch():
+    r = search(get("attention").diagram(), "h100", dict(q=16384, x=16384, d=128), "bf16")
+    (k,) = r.best.tiles.launch
+    # Pallas mha's own configuration at d = 128: 128 x 64 blocks, 8 warps, 2 stages
+    assert r.best.tiles.values == {"g_q": 128, "s_x": 64}
+    assert (k["num_warps"], k["num_stages"], k["spilled_bytes"]) == (8, 2, 0)
+    assert k["smem_bytes"] == 2 * 128 * 128 + 2 * 2 * (2 * 64 * 128)
+
+
+def test_a_budget_no_tile_fits_names_the_smallest():
+    small = dataclasses.replace(H100, smem_per_block_max_bytes=8192, name="tiny block")
+    with pytest.raises(NapkinError, match=r"no streamed program fits: the smallest needs \d+ "
+                                          r"bytes of smem"):
+        search(get("attention").diagram(), small, dict(q=1024, x=1024, d=128), "bf16")
+    c = cost(program("attention", ATTENTION), small, "bf16")
+    t = optimize_tiles(c, sizes=dict(q=1024, x=1024, d=128))
+    assert not t.feasible and "B of shared memory per block (limit 8,192)" in t.why
+
+
+def test_a_group_inside_a_block_does_not_launch():
+    from napkin.region import Site
+    from rewrites import RULES
+    P = program("attention", (("group_partition", (), {"axis": "q"}),))
+    P = RULES["group_partition"].apply(P, Site((0,), (3,)), {"axis": "d"})  # P·V over d
+    c = cost(P, H100, "bf16")
+    (res,) = kernels(c.schedule)
+    assert res.inner_group == "d"
+    t = optimize_tiles(c, sizes=dict(q=1024, x=1024, d=128))
+    assert not t.feasible and "group d inside a block's body" in t.why
+
+
+def test_the_paper_objective_keeps_the_capacity_model():
+    """Least transfers within SMEM's capacity (the paper's problem) ignores the launch
+    model: the largest query group that fits 228 KiB, registers or not."""
+    c = cost(program("attention", ATTENTION), H100, "f16")
+    t = optimize_tiles(c, sizes=dict(q=4096, x=4096, d=128), objective="transfers")
+    assert t.values == {"g_q": 256, "s_x": 64}
+
+
+def test_a_profile_without_a_launch_model_prices_the_roofline():
+    hw = dataclasses.replace(H100, register_budget=None, name="roofline only")
+    c = cost(program("matmul", MATMUL), hw, "bf16")
+    g = Grid(c, dict(a=4096, b=4096, c=4096))
+    assert g.launches is None and np.array_equal(g.time, g._times[0].max(axis=0))
+    assert optimize_tiles(c, sizes=dict(a=4096, b=4096, c=4096)).launch == []
+
+
+def test_the_launch_model_round_trips_through_toml(tmp_path):
+    hw = get_hardware("h200")
+    path = tmp_path / "h200.toml"
+    path.write_text(hw.to_toml())
+    back = load_toml(path)
+    assert back == hw and back.register_budget == 128 and back.warps_per_block == (4, 8)
+    text = hw.to_toml().replace("register_budget = 128", "register_budget = 0")
+    path.write_text(text)
+    with pytest.raises(NapkinError, match="field register_budget must be an integer > 0"):
+        load_toml(path)
+    with pytest.raises(NapkinError, match="warps_per_block must list at least one"):
+        hardware_from_dict({**_plain(hw), "warps_per_block": []})
+
+
+def _plain(hw):
+    import tomllib
+    return tomllib.loads(hw.to_toml())
+
+
+def test_every_kernel_of_a_program_is_launched():
+    """Two kernels (RMSNorm's scale, then the matmul): each its own launch, times summed."""
+    r = search(get("rmsnorm_matmul").diagram(), "h100", dict(n=1024, d=1024, e=1024), "bf16",
+               max_states=300)
+    c, values = r.best.cost, {**dict(n=1024, d=1024, e=1024), **r.best.tiles.values}
+    g = Grid(c, values)
+    ks = Launches(g)
+    assert len(ks.resources) == len(r.best.tiles.launch) >= 1
+    assert math.isclose(g.time[0], ks.time[0]) and all(k["blocks"] >= 1
+                                                       for k in r.best.tiles.launch)
