@@ -323,6 +323,7 @@ def result_json(r, sizes, cert_path) -> dict:
     return {
         "chain": [m.to_json() for m in r.best.chain],
         "tiles": t.values,
+        "kernels": t.launch,  # each kernel's launch: warps, stages, smem, registers, waves
         "cost": {"time_s": t.time_s, "bound_by": t.bound_by, "transfers": t.transfers,
                  "transfers_bytes": t.transfers_bytes, "memory_bytes": t.memory_bytes,
                  "lower_bound_ratio": t.lower_bound_ratio,

@@ -40,7 +40,10 @@ def test_optimize_writes_a_certificate_that_checks(capsys, tmp_path):
     data = json.loads(out)
     assert [s["rule"] for s in data["chain"]] == ["group_partition", "stream_partition"]
     assert {"tiles", "cost", "alternatives", "search"} <= set(data)
-    assert data["launch"] == {"num_warps": "auto", "num_stages": 2}  # the kernel's, with its tiles
+    # the launch the cost model chose with the tiles, in the JSON and in the certificate
+    (model,) = data["kernels"]
+    assert data["launch"] == {k: model[k] for k in ("num_warps", "num_stages")}
+    assert json.loads(cert.read_text())["launch"] == data["launch"]
     assert data["search"]["states"] > 0 and data["search"]["seconds"] > 0
     assert 0 <= data["search"]["first_fit_s"] <= data["search"]["best_found_s"] <= data["search"]["seconds"]
     status, out, _ = run(capsys, "check", str(cert))

@@ -136,7 +136,7 @@ class LoweredKernel:
         for spec in self.structure.groups:
             self.size_of(spec.size, f"group {spec.axis}")
         for box in self.structure.body.boxes:
-            if getattr(box.spec, "kind", None) == "group":
+            if getattr(getattr(box, "spec", None), "kind", None) == "group":
                 raise NapkinError(f"{box.name}: a group below the grid (inside the kernel body) "
                                   f"is not supported by the {self.backend.rules.name} lowering")
         self._streams = [box.spec for box in stream_boxes(self.structure.body)]

@@ -494,7 +494,10 @@ class Planner:
 def _primitives(diagram):
     """Every primitive box of ``diagram``, group and stream bodies included."""
     for box in diagram.boxes:
-        bodies = getattr(box.spec, "bodies", None)
+        spec = getattr(box, "spec", None)  # wiring (copies, swaps) has none
+        if spec is None:
+            continue
+        bodies = getattr(spec, "bodies", None)
         if bodies is None:
             yield box
         for body in bodies or ():

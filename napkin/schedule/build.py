@@ -299,8 +299,8 @@ class _Builder:
 
         owned: set = set()
 
-        def hold(v, buf, start, end, loaded=False):
-            loop.holds.append((buf.values, buf.bytes, start, end, loaded))
+        def hold(v, buf, start, end, staged=False):
+            loop.holds.append((buf.values, buf.bytes, start, end, staged))
             owned.add(v)
 
         def ensure(v, i):
@@ -308,7 +308,7 @@ class _Builder:
                 buf = self.emit(self.buffer(ob(v), L, "tile"))
                 self.move(ob(v), home[v], L, ref[v], buf)
                 home[v], ref[v] = L, buf
-                hold(v, buf, i, last(v), loaded=True)
+                hold(v, buf, i, last(v), staged=_feeds_contraction(g, v))
 
         def fused(v):
             if v in out_home_of or len(cons[v]) != 1:
@@ -416,6 +416,9 @@ class _Builder:
         n_state = spec.n_state
         up_dom = spec.update.dom.inside
         chunk_v, chunk_b, chunked = ZERO, ZERO, []
+        staged_v, staged_b = ZERO, ZERO     # the chunks a contraction reads
+        up_graph = view(spec.update)
+        up_ins = up_graph.graph["inputs"]
         for j, v in enumerate(node["ins"]):
             if not g.nodes[v]["ob"].type.has(axis):
                 ensure(v, i)
@@ -424,6 +427,9 @@ class _Builder:
                 cv, cb = self.size(up_dom[n_state + j])
                 chunk_v += cv * self.stages  # software pipelining: `stages` chunks in flight
                 chunk_b += cb * self.stages
+                if _feeds_contraction(up_graph, up_ins[n_state + j]):
+                    staged_v += cv * self.stages
+                    staged_b += cb * self.stages
         state, nexts = [], []
         for o in spec.init.cod.inside:
             buf = self.buffer(o, L, "state", "state", name=o.name)
@@ -467,8 +473,31 @@ class _Builder:
         flush()
         up.state = (sum((b.values for b in state), ZERO), sum((b.bytes for b in state), ZERO))
         up.chunk = (chunk_v, chunk_b)
+        up.staged = (staged_v, staged_b)
         up.init, up.finalize = init, fin
         loop.children.append((i, up))
+
+
+def _feeds_contraction(g, v) -> bool:
+    """Whether a matrix product reads value ``v`` of graph ``g``, here or inside a group or
+    stream that takes it (a GPU stages a tensor-core product's operands in shared memory;
+    what only elementwise boxes and plain sums read, it loads to registers)."""
+    for c in g.successors(v):
+        node = g.nodes[c]
+        spec = node["box"].spec
+        if spec.kind == "contract":
+            ins = tuple(ob.type for ob in node["box"].dom.inside)
+            outs = tuple(ob.type for ob in node["box"].cod.inside)
+            if matmul_axes(ins, outs)[0]:
+                return True
+        elif spec.kind in ("group", "stream"):
+            body = spec.body if spec.kind == "group" else spec.update
+            skip = 0 if spec.kind == "group" else spec.n_state
+            inner = view(body)
+            for j, u in enumerate(node["ins"]):
+                if u == v and _feeds_contraction(inner, inner.graph["inputs"][skip + j]):
+                    return True
+    return False
 
 
 def _graph_io(D) -> list:

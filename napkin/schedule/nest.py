@@ -178,14 +178,16 @@ class Loop:
     # has, what it holds when, and the nested loops whose memory adds in at a step
     at: int = -1
     steps: int = 0
-    # (values, bytes, first, last, loaded): loaded = a tile moved in from a level above,
-    # else a value computed here (a GPU keeps those in registers, the loaded ones in SMEM)
+    # (values, bytes, first, last, staged): staged = a tile moved in from a level above for
+    # a contraction to read (a GPU stages those in shared memory; the rest, values computed
+    # here and tiles only elementwise boxes read, it keeps in registers)
     holds: list = field(default_factory=list)
     children: list = field(default_factory=list)   # (step, Loop)
     merge_only: bool = False   # the program and GMEM-level groups: kernels side by side
     # a stream's memory besides its update body: its state, one chunk, init and finalize
     state: tuple = (ZERO, ZERO)
     chunk: tuple = (ZERO, ZERO)
+    staged: tuple = (ZERO, ZERO)   # of the chunk, what contractions read
     init: Loop | None = None
     finalize: Loop | None = None
 
@@ -202,15 +204,16 @@ class Loop:
         """{level index: Peak}: the most memory live at once per instance of each level,
         for one execution of this loop (its nested loops folded in).
 
-        ``part``: "all" (everything held), "loaded" (tiles moved in from above and the
-        streams' chunks: what a GPU stages in shared memory) or "computed" (values made
-        here and the streams' state: what a GPU keeps in registers)."""
+        ``part``: "all" (everything held), "staged" (tiles and chunks moved in from above
+        for a contraction to read: what a GPU stages in shared memory) or "held" (the rest:
+        values made here, the streams' state, tiles only elementwise boxes read — what a
+        GPU keeps in registers)."""
         if self.merge_only:
             out: dict = {}
             for _, child in self.children:
                 merge_peaks(out, child.peaks(part))
             return out
-        keep = {"all": (True, False), "loaded": (True,), "computed": (False,)}[part]
+        keep = {"all": (True, False), "staged": (True,), "held": (False,)}[part]
         at_step: dict = {}
         deeper: dict = {}
         for step, child in self.children:
@@ -244,8 +247,9 @@ class Loop:
         """A stream's memory at its level (state + max(update + one chunk, finalize)) and
         the deeper levels of its bodies (``part`` as in :meth:`peaks`)."""
         up, fin, init = self.peaks(part), self.finalize.peaks(part), self.init.peaks(part)
-        chunk = self.chunk if part != "computed" else (ZERO, ZERO)
-        state = self.state if part != "loaded" else (ZERO, ZERO)
+        chunk = {"all": self.chunk, "staged": self.staged,
+                 "held": tuple(a - b for a, b in zip(self.chunk, self.staged))}[part]
+        state = self.state if part != "staged" else (ZERO, ZERO)
         here = Peak()
         here.merge(up.pop(self.at, Peak()).add(*chunk))
         here.merge(fin.pop(self.at, Peak()))

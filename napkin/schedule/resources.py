@@ -2,10 +2,11 @@
 memory and its registers, read off the one loop nest.
 
 The two-level model (the paper's) puts everything on chip in one memory M.  A GPU splits it:
-tiles moved in from HBM (and a stream's chunks, once per pipeline stage) are staged in shared
-memory, budgeted per block; values computed on chip (a stream's state, the score tile, dot
-results) live in registers, budgeted per thread.  Both come from the schedule's liveness
-(:meth:`napkin.schedule.nest.Loop.peaks` with ``part="loaded"`` / ``"computed"``), so they are
+tiles moved in from HBM for a contraction to read (and a stream's chunks of them, once per
+pipeline stage) are staged in shared memory, budgeted per block; values computed on chip (a
+stream's state, the score tile, dot results) and tiles only elementwise boxes read live in
+registers, budgeted per thread.  Both come from the schedule's liveness
+(:meth:`napkin.schedule.nest.Loop.peaks` with ``part="staged"`` / ``"held"``), so they are
 the same buffers the cost model and the pseudocode show.
 """
 from __future__ import annotations
@@ -82,13 +83,13 @@ def _resources(k: Loop, launches, stages: int, levels: list, block: int) -> Kern
     spread = lambda loop: (loop.kind == "group" and loop.parallel  # noqa: E731
                            and levels.index(loop.level) <= block)
     # bytes one more stage adds: the largest stream's chunks (streams run one after another)
-    stage = max((s.chunk[1] / stages for s in streams), key=_sample, default=ZERO)
+    stage = max((s.staged[1] / stages for s in streams), key=_sample, default=ZERO)
     return KernelResources(
         loop=k, name=k.name or f"group {k.axis}", launches=launches, ctas=_ctas(k, spread),
         steps=_steps(k, spread), smem=tuple(prune([b - (stages - 1) * stage for b in
-                                                   _in_block(k.peaks("loaded"), block)])),
+                                                   _in_block(k.peaks("staged"), block)])),
         stage=sympy.expand(stage),
-        registers=tuple(prune(_in_block(k.peaks("computed"), block, values=True))),
+        registers=tuple(prune(_in_block(k.peaks("held"), block, values=True))),
         streams=len(streams), rows=_rows(k), inner_group=_inner_group(k, spread))
 
 
