@@ -77,6 +77,7 @@ class State:
     feasible: bool = False
     min_memory: dict = field(default_factory=dict)
     error: str | None = None
+    unlowerable: str = ""        # why no kernel backend writes it yet ("" when one does)
     cost: object = None           # napkin.cost.Cost (symbolic)
     grid: object = None           # napkin.cost.Grid (every tiling, evaluated)
     bytes: float = math.inf       # bytes moved at the main level, at the best tiles
@@ -137,7 +138,9 @@ class SearchResult:
         if b.bytes:
             parts.append(f"{alt.bytes / b.bytes:.2f}× the bytes moved")
         parts.append(f"bound by {alt.bound_by}")
-        if ratio <= 1 + 1e-9:
+        if alt.unlowerable and not b.unlowerable:
+            parts.append(f"and no kernel backend writes it yet ({alt.unlowerable})")
+        elif ratio <= 1 + 1e-9:
             parts.append("no faster, and a longer chain")
         return ", ".join(parts)
 
@@ -253,6 +256,8 @@ class Evaluator:
             best, feasible = grid.best(self.objective)
             state.cost, state.grid = c, grid
             state.feasible = feasible
+            from napkin.lower.plan import unlowerable  # (jax: imported once, when first used)
+            state.unlowerable = unlowerable(state.program)
             if feasible:  # (a program that does not fit has no time, nor traffic to price)
                 state.time_s = float(grid.time[best])
                 state.bytes = float(grid.Hb[best])
@@ -522,12 +527,17 @@ def _best_first(roots, ev: "Evaluator", max_states: int, max_seconds: float, t0:
 
 
 def _better(best: State | None, s: State) -> State:
+    """The better of two states: one that fits, then one a kernel backend can write (a
+    faster program nothing lowers is no answer to run), then the faster, then the shorter
+    chain."""
     if best is None:
         return s
-    if s.feasible and (not best.feasible or s.time_s < best.time_s
-                       or (s.time_s == best.time_s and len(s.chain) < len(best.chain))):
+    if not s.feasible:
+        return best
+    if not best.feasible:
         return s
-    return best
+    key = lambda t: (bool(t.unlowerable), t.time_s, len(t.chain))  # noqa: E731
+    return s if key(s) < key(best) else best
 
 
 def _primitive_boxes(program):

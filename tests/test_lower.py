@@ -360,7 +360,12 @@ def test_report_sets_what_triton_allocates_beside_the_schedule():
     assert {"A_blk", "B_blk"} <= {b[0] for b in smem.buffers}
     (k,) = compile_ptx(kernel, shapes)
     row = next(ln for ln in text.splitlines() if ln.startswith("smem "))
-    assert f"{smem.peak:,}" in row and f"shared {k.shared:,} B = {k.shared / smem.peak:.2f}x" in row
+    assert f"{smem.peak:,}" in row
+    row = next(ln for ln in text.splitlines() if "per block" in ln)
+    # (tiles this small leave the tensor cores' wgmma path, and Triton's pipelining with
+    # it: the CPU proofs at the optimiser's own tiles check the count is exact there)
+    modelled_b = int(row.split("tensor cores")[1].split()[0].replace(",", ""))
+    assert f"shared {k.shared:,} B = {k.shared / modelled_b:.2f}x modelled" in row
     row = next(ln for ln in text.splitlines() if ln.startswith("registers "))
     assert f"{k.registers} registers/thread" in row and "spills 0 B/thread" in row
     assert "1 dot: all on tensor cores" in text

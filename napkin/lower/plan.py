@@ -108,6 +108,21 @@ def peel(program) -> Structure:
     return Structure(groups, d, in_map, out_map)
 
 
+def unlowerable(program) -> str:
+    """Why the kernel backends cannot write ``program`` as one kernel ("" when they can):
+    they spell one grid of groups with streams inside; a group inside the body (or a
+    program of several kernels, which is one) has no spelling yet."""
+    try:
+        body = peel(program).body
+    except NapkinError as e:
+        return str(e)
+    for box in body.boxes:
+        if getattr(getattr(box, "spec", None), "kind", None) == "group":
+            return (f"{box.name}: a group below the grid (inside the kernel body) or a program "
+                    f"of several kernels")
+    return ""
+
+
 def stream_boxes(diagram) -> list:
     """Every stream box in ``diagram``, at any depth below its streams (not below groups)."""
     out = []

@@ -2,13 +2,16 @@
 
 Modelled: the schedule (``napkin.schedule.build``, with the kernel's pipeline stages) at the
 concrete sizes and tiles, per level — its peak bytes, and the buffers declared at that level
-(read off the schedule's items: the Buffers it declares and the Steps' outputs).  Allocated: what Triton and ptxas made of the
-lowered kernel (:func:`napkin.lower.ptx.compile_ptx`) — shared memory beside the smem level,
-with the ratio allocated/modelled, and registers and spills beside the registers level.
+(read off the schedule's items: the Buffers it declares and the Steps' outputs) — and the
+launch model's block (``napkin.cost.launch``): the shared memory it stages and the registers
+of data per thread.  Allocated: what Triton and ptxas made of the lowered kernel
+(:func:`napkin.lower.ptx.compile_ptx`) — shared memory beside the block's, with the ratio
+allocated/modelled, and registers and spills beside the registers per thread.
 Without a matching triton the allocated side is one line saying why.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from napkin.cost.model import value_at
@@ -72,16 +75,35 @@ def report(kernel, schedule: Schedule, sizes: dict, shapes) -> str:
         lines.append(f"allocated by triton {versions()[1]} for sm_{compiled[0].arch}: "
                      + "; ".join(_launch(c) for c in compiled))
     rows = [("level", "buffer", "shape", "role", "modelled B", "allocated")]
-    levels = modelled(schedule, env)
-    if "registers" not in schedule.levels:
-        levels.append(Level("registers", None))  # for the compiler's registers and spills
-    for lv in levels:
-        rows.append((lv.name, "not modelled" if lv.peak is None else "peak", "", "",
-                     "-" if lv.peak is None else f"{lv.peak:,}",
-                     "; ".join(_cell(lv, c) for c in compiled)))
+    launch = launched(schedule, env, kernel.plan(*shapes).launch)
+    for lv in modelled(schedule, env):
+        rows.append((lv.name, "peak", "", "", f"{lv.peak:,}", ""))
+        if lv.name == "smem" and launch:  # what a block stages, beside what Triton allocated
+            rows.append(("", "per block", "", "staged for the tensor cores",
+                         f"{launch['smem']:,}", "; ".join(_shared(launch['smem'], c)
+                                                          for c in compiled)))
         rows += [("", name, shape, role, f"{nbytes:,}", "")
                  for name, shape, role, nbytes in lv.buffers]
+    if launch:
+        rows.append(("registers", "per thread", "", f"at {launch['warps']} warps",
+                     f"{launch['registers']} regs", "; ".join(_registers(c) for c in compiled)))
     return "\n".join(lines + [_table(rows)])
+
+
+def launched(schedule: Schedule, env: dict, launch: dict) -> dict:
+    """The launch model's block at ``env`` for a kernel written with ``launch``: its shared
+    memory (tiles and chunks a matrix product reads, a chunk per stage) and its registers
+    of data per thread (``napkin.cost.launch``); {} for a program of several kernels."""
+    from napkin.schedule.resources import kernels
+    ks = kernels(schedule)
+    if len(ks) != 1 or not isinstance(launch.get("num_warps"), int):
+        return {}
+    (k,) = ks
+    stages = int(launch.get("num_stages", 1))
+    smem = max(value_at(b, env) for b in k.smem) + (stages - 1) * value_at(k.stage, env)
+    values = max(value_at(v, env) for v in k.registers)
+    return {"smem": int(smem), "warps": launch["num_warps"],
+            "registers": math.ceil(values / (32 * launch["num_warps"]))}
 
 
 def _launch(c: CompiledKernel) -> str:
@@ -92,17 +114,15 @@ def _launch(c: CompiledKernel) -> str:
     return f"{c.name}, {c.num_warps} warps, {c.num_stages} stages, {dots}: {where}"
 
 
-def _cell(lv: Level, c: CompiledKernel) -> str:
-    """The compiler's figure for one level: shared memory for smem, registers for registers."""
-    if lv.name == "smem":
-        ratio = f" = {c.shared / lv.peak:.2f}x modelled" if lv.peak else ""
-        over = f", over the {SHARED_LIMIT:,} B limit" if c.shared > SHARED_LIMIT else ""
-        return f"shared {c.shared:,} B{ratio}{over}"
-    if lv.name == "registers":
-        per_block = c.registers * 4 * 32 * c.num_warps
-        return (f"{c.registers} registers/thread ({per_block:,} B per block), "
-                f"spills {c.spills:,} B/thread")
-    return ""
+def _shared(modelled: int, c: CompiledKernel) -> str:
+    ratio = f" = {c.shared / modelled:.2f}x modelled" if modelled else ""
+    over = f", over the {SHARED_LIMIT:,} B limit" if c.shared > SHARED_LIMIT else ""
+    return f"shared {c.shared:,} B{ratio}{over}"
+
+
+def _registers(c: CompiledKernel) -> str:
+    per_block = c.registers * 4 * 32 * c.num_warps
+    return f"{c.registers} registers/thread ({per_block:,} B per block), spills {c.spills:,} B/thread"
 
 
 def _table(rows) -> str:
