@@ -420,22 +420,50 @@ def test_num_warps_follow_the_largest_tile():
     assert "CompilerParams(num_warps=8, num_stages=2)" in pinned.source(*shapes)
 
 
-@pytest.mark.parametrize("name, sizes", [("attention", dict(q=4096, x=4096, d=128)),
-                                         ("causal_attention", dict(q=4096, x=4096, d=64)),
-                                         ("matmul", dict(a=4096, b=4096, c=4096))])
-def test_the_optimisers_own_kernels_compile_to_wgmma(name, sizes):
-    """CPU proof of the GPU code at the optimiser's own tiles and launch parameters (H100
-    profile, bf16, full sizes): every dot a Hopper wgmma, shared memory within the block.
-    (Zero spills is not asserted yet: the 256-row tiles the model still picks sit at the
-    register limit until registers are a level of the model.)"""
+_UNIT_BATCH = ("a unit batch axis in the blocks (g_h = 1): Triton allocates 1.5x the shared "
+               "memory and spills; the lowering should squeeze it")
+CPU_PROOFS = [
+    ("h100", "attention", None), ("h100", "causal_attention", None),
+    ("h100", "sliding_window_attention", None), ("h100", "softcap_attention", None),
+    ("h100", "matmul", None),
+    ("h100", "gqa", dict(k=8, r=4, q=1024, x=1024, d=128, max_states=150)),  # a quick search
+    ("h100", "logsumexp", None), ("h100", "cross_entropy", None),
+    ("h200", "attention", dict(q=16384, x=16384, d=128)), ("h200", "matmul", None),
+    pytest.param("h100", "batched_matmul", None, marks=pytest.mark.xfail(
+        strict=True, reason=_UNIT_BATCH)),  # mha and mqa measure the same (RESULTS.md)
+    pytest.param("h100", "linear_cross_entropy", None, marks=pytest.mark.xfail(
+        strict=True, reason="Triton stages 8 KiB more than the model (a layout conversion "
+                            "of the logits chunk): 17 % over")),
+    pytest.param("h100", "softmax", None, marks=pytest.mark.xfail(
+        strict=True, reason="a bf16 row op the Triton lowering cannot type (issue 14)")),
+]
+
+
+@pytest.mark.parametrize("hardware, name, sizes", CPU_PROOFS)
+def test_the_optimisers_own_kernels_are_what_the_model_says(hardware, name, sizes):
+    """CPU proof of the GPU code for each library kernel at the optimiser's own tiles and
+    launch parameters (bf16, its default full sizes unless given), compiled for sm_90 with
+    the pinned triton: every dot a Hopper wgmma (none on CUDA cores), no register spills,
+    and the shared memory Triton allocates within the block's limit and within 15 % of the
+    launch model's count (exact for these kernels; 1 KiB of slack where the model has
+    none), in a bounded compile time."""
+    import time
     pytest.importorskip("triton")
     from napkin.lower import ptx
     from napkin.pipeline import optimize
     if ptx.versions()[0] != _pins()["jaxlib"]:
         pytest.skip("jaxlib is not the dev extra's pin")
-    opt = optimize(name, "h100", sizes, "bf16")
+    sizes = dict(sizes or {})
+    opt = optimize(name, hardware, sizes, "bf16", max_states=sizes.pop("max_states", 2000))
     shapes = [tuple(opt.sizes[a.name] for a in ob.type.axes) for ob in opt.algorithm.dom.inside]
-    (k,) = ptx.compile_ptx(opt.kernel(), shapes)
-    assert k.dots >= 1 and k.fma_dots == 0, k.ttgir
-    assert "wgmma.mma_async" in k.ptx
-    assert 0 < k.shared <= ptx.SHARED_LIMIT
+    (model,) = opt.search.best.tiles.launch
+    start = time.perf_counter()
+    (k,) = ptx.compile_ptx(opt.kernel(), shapes, check_shared=False)
+    assert time.perf_counter() - start < 60
+    assert (k.num_warps, k.num_stages) == (model["num_warps"], model["num_stages"])
+    assert k.fma_dots == 0, k.ttgir
+    assert ("wgmma.mma_async" in k.ptx) == (k.dots > 0)
+    assert k.spills == 0 and model["spilled_bytes"] == 0
+    assert k.shared <= ptx.SHARED_LIMIT
+    assert abs(k.shared - model["smem_bytes"]) <= max(0.15 * model["smem_bytes"], 1024), \
+        (k.shared, model)
