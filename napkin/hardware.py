@@ -551,7 +551,9 @@ A100_SXM = _nvidia(
         "f64": 19.5e12,             # FP64 tensor core
     },
     vector=19.5e12,                 # [A100-DS] FP32 non-tensor 19.5 TF
-    mma={"mma_m": 16, "mma_n": 8, "mma_k_bytes": 32},  # [CUDA/PTX] mma.sync m16n8k16 (16-bit)
+    # [CUDA/PTX] mma.sync m16n8k16 (16-bit); dot_min: no dot dimension under 16 (Triton's
+    # tl.dot, and the tensor cores' smallest useful shape)
+    mma={"mma_m": 16, "mma_n": 8, "mma_k_bytes": 32, "dot_min": 16},
     sources=("A100-WP", "A100-DS", "CUDA"),
 )
 
@@ -577,7 +579,8 @@ _HOPPER = dict(
         "f64": 67e12,               # FP64 tensor core
     },
     vector=67e12,                   # [H100-DS] FP32 non-tensor 67 TF
-    mma={"mma_m": 64, "mma_n": 8, "mma_k_bytes": 32},  # [PTX] wgmma m64nNk(32 B), N % 8 == 0
+    # [PTX] wgmma m64nNk(32 B), N % 8 == 0; dot_min: no dot dimension under 16 (Triton)
+    mma={"mma_m": 64, "mma_n": 8, "mma_k_bytes": 32, "dot_min": 16},
 )
 H100_SXM = _nvidia("H100 SXM", hbm_bytes_per_s=3.35e12,  # [H100-DS] HBM3 3.35 TB/s
                    sources=("H100-WP", "H100-DS", "CUDA"), **_HOPPER)

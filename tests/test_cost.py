@@ -125,12 +125,16 @@ def test_levels_pass_through_and_map():
 def test_divisibility_multiples():
     mm = cost(program("matmul", MATMUL), "h100", "f16")
     m = {t.name: dict(i.multiples) for t, i in mm.tiles.items()}
-    assert m["g_a"] == {"mma_m": 64}
-    assert m["g_c"] == {"coalesce 128B": 64, "mma_n": 8}        # 128 B / 2 B; LCM 64
-    assert m["s_b"] == {"coalesce 128B": 64, "mma_k": 16}
+    # dot_min: no side of a dot under 16 (Triton's least tl.dot), on every side
+    assert m["g_a"] == {"mma_m": 64, "dot_min": 16}
+    assert m["g_c"] == {"coalesce 128B": 64, "mma_n": 8, "dot_min": 16}  # 128 B / 2 B; LCM 64
+    assert m["s_b"] == {"coalesce 128B": 64, "mma_k": 16, "dot_min": 16}
     assert mm.tiles[s_b].multiple == 64
     at = cost(program("attention", ATTENTION), "h100", "fp8")
     assert at.tiles[s_x].multiple == 32 and at.tiles[g_q].multiple == 64   # mma_k = 32 B / 1 B
+    # f32 operands: mma_k is 32 B / 4 B = 8, and mma_n 8, but no dot side under 16
+    f32 = cost(program("attention", ATTENTION), "h100", "f32")
+    assert f32.tiles[s_x].multiple == 16
 
 
 def test_time_roofline():

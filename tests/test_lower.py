@@ -467,3 +467,24 @@ def test_the_optimisers_own_kernels_are_what_the_model_says(hardware, name, size
     assert k.shared <= ptx.SHARED_LIMIT
     assert abs(k.shared - model["smem_bytes"]) <= max(0.15 * model["smem_bytes"], 1024), \
         (k.shared, model)
+
+
+def test_a_dot_a_tile_makes_smaller_than_16_does_not_compile():
+    """On a GPU no dot dimension is under 16 (Triton's tl.dot): a kernel whose tile makes
+    one refuses to compile in one line naming the tile; interpret mode (a CPU) still runs
+    it, as multiply-and-sum, and matches the reference.  A whole axis that small is the
+    problem's own size and compiles (multiply-and-sum on the CUDA cores)."""
+    sizes = dict(q=64, x=64, d=32)
+    kernel = lower(derive("attention", FLASH), dict(g_q=16, s_x=8), name="attention")
+    xs = inputs("attention", sizes)
+    shapes = [x.shape for x in xs]
+    with pytest.raises(NapkinError, match=r"attention cannot be compiled for a GPU: QK\^T: its "
+                                          r"N dimension is 8 \(x in tiles of s_x = 8\), under "
+                                          r"16, the least dot dimension"):
+        export_cuda(kernel, shapes)
+    with pytest.raises(NapkinError, match="cannot be compiled for a GPU"):
+        kernel(*xs, interpret=False)
+    out = kernel(*xs, interpret=True)
+    assert rel_err(out, get("attention").reference(*xs)) <= TOL["f32"]
+    small = lower(derive("attention", FLASH), dict(g_q=16, s_x=16), name="attention")
+    assert "__gpu$xla.gpu.triton" in export_cuda(small, [(64, 8), (64, 8), (64, 8)])  # d = 8

@@ -136,7 +136,7 @@ def test_attention_optimum_smallest_chunk_largest_group():
     assert not cst.fits({**sizes, "g_q": 512, "s_x": 16})["smem"]  # the next group overflows
     # s_x is a multiple of LCM(mma_n 8, mma_k 16 for f16)
     assert dict(cst.tiles[sympy.Symbol("s_x", integer=True, positive=True)].multiples) == \
-        {"mma_k": 16, "mma_n": 8}
+        {"mma_k": 16, "mma_n": 8, "dot_min": 16}
     assert t.transfers == 2 * 4096 * 128 + 2 * 4096 * 4096 * 128 / 256
     # multiples of 64 instead of powers of two: g_q = 384; within 20 % of the paper's
     # 2qd + 4xqd^2/M (the gap is the memory the model gives the score tile, mu, z and chunks)

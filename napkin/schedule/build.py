@@ -149,6 +149,10 @@ class _Builder:
             if n_ax:
                 self.require(allaxes[n_ax[-1]].size, "mma_n", self.mma.get("mma_n", 1))
             self.require(allaxes[reduced[-1]].size, "mma_k", max(1, kb // bpv))
+            # the least dot dimension: every tile of the product's three sides
+            least = self.mma.get("dot_min", 1)
+            for ax in (m_ax[-1:] + n_ax[-1:] + [reduced[-1]]):
+                self.require(allaxes[ax].size, "dot_min", least)
 
     def where(self, Lc: int, L: int) -> str:
         """How a group's iterations are spread, in words."""
