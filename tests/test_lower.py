@@ -488,3 +488,36 @@ def test_a_dot_a_tile_makes_smaller_than_16_does_not_compile():
     assert rel_err(out, get("attention").reference(*xs)) <= TOL["f32"]
     small = lower(derive("attention", FLASH), dict(g_q=16, s_x=16), name="attention")
     assert "__gpu$xla.gpu.triton" in export_cuda(small, [(64, 8), (64, 8), (64, 8)])  # d = 8
+
+
+def test_napkins_attention_matches_pallas_mha_at_the_same_tiles():
+    """Parity with JAX's own Pallas ``mha`` (block_q 128, block_k 64, 8 warps, 2 stages, d =
+    128, bf16), both compiled for sm_90 by the pinned triton: napkin's attention kernel has
+    the same wgmma instructions (the two dots of one step), no spills, no more shared memory
+    (98,304 B both) and registers within 30 % (187 against 150 on 2026-12-01; the target is
+    10 %: napkin keeps the scaled scores and a finite-or-zero shift that mha does not)."""
+    import warnings
+    pytest.importorskip("triton")
+    from napkin.lower import ptx
+    from napkin.lower.backends.triton import TRITON
+    if ptx.versions()[0] != _pins()["jaxlib"]:
+        pytest.skip("jaxlib is not the dev extra's pin")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from jax.experimental.pallas.ops.gpu import attention as pallas_attention
+    s, d = 4096, 128
+    launch = {"num_warps": 8, "num_stages": 2}
+
+    def theirs(q, k, v, interpret=False):
+        return pallas_attention.mha(q, k, v, None, block_sizes=pallas_attention.BlockSizes(
+            block_q=128, block_k=64), interpret=interpret, **launch)
+    structs = [jax.ShapeDtypeStruct((1, s, 1, d), jnp.bfloat16)] * 3
+    (ref,) = ptx.compile_exported(TRITON.export(theirs, structs), "pallas_mha", launch)
+    kernel = lower(derive("attention", FLASH), dict(g_q=128, s_x=64), dtype="bf16",
+                   name="attention", **launch)
+    (mine,) = ptx.compile_ptx(kernel, [(s, d)] * 3)
+    wgmma = lambda k: k.ptx.count("wgmma.mma_async")  # noqa: E731
+    assert mine.spills == ref.spills == 0
+    assert wgmma(mine) == wgmma(ref) > 0
+    assert mine.registers <= 1.3 * ref.registers, (mine.registers, ref.registers)
+    assert mine.shared <= ref.shared, (mine.shared, ref.shared)

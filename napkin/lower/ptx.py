@@ -130,6 +130,16 @@ def compile_ptx(kernel, shapes, arch: int = 90, device_kind: str = "NVIDIA H100"
     return results
 
 
+def compile_exported(mlir_text: str, name: str, launch: dict, arch: int = 90
+                     ) -> list[CompiledKernel]:
+    """Compile every Triton call of a CUDA export made elsewhere (JAX's own Pallas ops,
+    for a parity check) as :func:`compile_ptx` compiles napkin's: ``launch`` holds the
+    num_warps and num_stages it was exported with."""
+    check_pair(*versions())
+    named = type("Exported", (), {"name": name})()
+    return [_compile(code, named, arch, launch) for code in triton_modules(mlir_text)]
+
+
 def _first_line(e: Exception) -> str:
     text = str(e).strip()
     return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__

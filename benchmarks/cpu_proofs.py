@@ -1,0 +1,57 @@
+"""CPU proofs of the GPU code: every library kernel at the optimiser's own tiles and launch
+parameters, compiled for sm_90 with the pinned triton (no GPU needed), set beside the launch
+model (napkin.cost.launch): shared memory per block, registers, spills, tensor cores.
+
+    python benchmarks/cpu_proofs.py [--hardware h100 h200] [--dtype bf16]
+
+Prints one table per profile (ratios allocated / modelled); a line per kernel the lowering
+or Triton refuses, with the reason.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+import warnings
+
+from napkin.library import LIBRARY
+from napkin.lower import ptx
+from napkin.pipeline import optimize
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--hardware", nargs="+", default=["h100", "h200"])
+    ap.add_argument("--dtype", default="bf16")
+    ap.add_argument("--names", nargs="+", default=list(LIBRARY))
+    args = ap.parse_args()
+    warnings.simplefilter("ignore")
+    head = (f"{'kernel':<26} {'tiles':<30} {'warps':>5} {'stg':>3} {'smem model':>10} "
+            f"{'smem triton':>11} {'ratio':>5} {'regs model':>10} {'regs ptxas':>10} "
+            f"{'spills':>6} {'dots':>4} {'wgmma':>5} {'search s':>8} {'compile s':>9}")
+    for hw in args.hardware:
+        print(f"\n{hw}, {args.dtype}, default sizes (napkin.library.DEFAULT_SIZES)\n{head}")
+        for name in args.names:
+            t0 = time.perf_counter()
+            try:
+                opt = optimize(name, hw, None, args.dtype)
+                shapes = [tuple(opt.sizes[a.name] for a in ob.type.axes)
+                          for ob in opt.algorithm.dom.inside]
+                launches = opt.search.best.tiles.launch
+                t1 = time.perf_counter()
+                compiled = ptx.compile_ptx(opt.kernel(), shapes, check_shared=False)
+                t2 = time.perf_counter()
+            except Exception as e:  # noqa: BLE001 - a row saying why
+                print(f"{name:<26} refused: {str(e).splitlines()[0][:150]}")
+                continue
+            for m, k in zip(launches, compiled):
+                tiles = ",".join(f"{t}={v}" for t, v in opt.tiles.items())
+                ratio = k.shared / m["smem_bytes"] if m["smem_bytes"] else float("nan")
+                print(f"{name:<26} {tiles:<30} {m['num_warps']:>5} {m['num_stages']:>3} "
+                      f"{m['smem_bytes']:>10,} {k.shared:>11,} {ratio:>5.2f} "
+                      f"{m['registers_per_thread']:>10} {k.registers:>10} {k.spills:>6} "
+                      f"{k.dots - k.fma_dots}/{k.dots:<2} {'yes' if 'wgmma' in k.ptx else 'no':>5} "
+                      f"{t1 - t0:>8.1f} {t2 - t1:>9.1f}")
+
+
+if __name__ == "__main__":
+    main()
