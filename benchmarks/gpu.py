@@ -1,18 +1,26 @@
-"""GPU benchmark: correctness and TFLOP/s of napkin's generated kernels against
-jax.nn.dot_product_attention (xla, cudnn), JAX's bundled Pallas `mha`, and jnp.dot.
+"""GPU benchmark: napkin's generated kernels against jax.nn.dot_product_attention (xla,
+cudnn), JAX's bundled Pallas `mha` and jnp.dot, at shapes that fill the chip, plus a tile
+sweep that sets the launch model's time beside the measured one.
 
-    python benchmarks/gpu.py              # on a GPU machine: the full table
+    python benchmarks/gpu.py              # on a GPU machine: everything, within --budget s
     python benchmarks/gpu.py --cpu-smoke  # tiny sizes in interpret mode (CI keeps it working)
 
-Every napkin kernel comes from the pipeline: search the plain diagram for the
-device's profile, lower the best program with its tiles, run.  Prints, per case:
-max error vs a float32 reference, measured time and TFLOP/s for each
-implementation, and napkin's modelled time (ratio measured / modelled).
+Every napkin kernel comes from the pipeline: search the plain diagram for the device's
+profile (attention as multi-head attention over B·H heads, so the model sees the whole
+grid), lower the best program with its tiles and launch parameters, run it over the heads
+with jax.vmap (Pallas adds a grid axis).  Each case is measured for at most --case-cap
+seconds; cases left when --budget runs out are listed as skipped.  Prints a table and
+writes benchmarks/results/<gpu>-<date>.json (rows, sweep, command, devices).
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import datetime
+import json
+import sys
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -21,133 +29,224 @@ import numpy as np
 from napkin.library import get
 from napkin.pipeline import optimize
 
+RESULTS = Path(__file__).parent / "results"
 
-def timeit(f, *args, reps=10):
+
+class Clock:
+    """The run's budget: a case starts only while time is left."""
+
+    def __init__(self, budget_s: float, cap_s: float):
+        self.end, self.cap = time.perf_counter() + budget_s, cap_s
+
+    def left(self) -> float:
+        return self.end - time.perf_counter()
+
+
+def timeit(f, *args, cap_s: float, reps: int = 20) -> float:
+    """Seconds per call: one warm-up (compiles), then up to ``reps`` calls within ``cap_s``."""
     jax.block_until_ready(f(*args))
     t0 = time.perf_counter()
-    for _ in range(reps):
+    jax.block_until_ready(f(*args))
+    first = time.perf_counter() - t0
+    n = max(1, min(reps, int(cap_s / max(first, 1e-9))))
+    t0 = time.perf_counter()
+    for _ in range(n):
         out = f(*args)
     jax.block_until_ready(out)
-    return (time.perf_counter() - t0) / reps
+    return (time.perf_counter() - t0) / n
 
 
-def napkin_kernel(name, sizes, hw, dtype, interpret):
-    """The optimiser's program for ``name`` as a kernel (napkin.optimize), its modelled time,
-    and its tiles with the launch parameters the kernel was written with."""
-    opt = optimize(name, hw, sizes, dtype)
-    k = opt.kernel(interpret=interpret)
-    shapes = [tuple(opt.sizes[a.name] for a in ob.type.axes) for ob in opt.algorithm.dom.inside]
-    model = opt.cost.evaluate({**opt.sizes, **opt.tiles})
-    return k, model["time_s"]["total"], {**opt.tiles, **k.plan(*shapes).launch}
+def attention_kernel(heads, S, D, causal, hw, dtype, interpret, tiles=None):
+    """napkin's attention over ``heads`` heads: tiles and launch from the multi-head search
+    (the model sees the whole grid), the single-head kernel vmapped over the heads."""
+    opt = optimize("mha", hw, dict(h=heads, q=S, x=S, d=D), dtype)
+    name = "causal_attention" if causal else "attention"
+    single = optimize(name, hw, dict(q=S, x=S, d=D), dtype, max_states=50)
+    chosen = {t: v for t, v in opt.tiles.items() if t in single.tiles}
+    run = dataclasses.replace(single, tiles={**single.tiles, **chosen, **(tiles or {})},
+                              launch=opt.launch)
+    k = run.kernel(interpret=interpret)
+    model = opt.search.best.tiles.time_s
+    return jax.jit(jax.vmap(k)), model, {**run.tiles, **run.launch}
 
 
 def attention_cases(smoke):
     if smoke:
-        return [dict(S=64, D=32, causal=False), dict(S=64, D=32, causal=True)]
-    return [dict(S=s, D=d, causal=c) for d in (64, 128) for s in (512, 2048, 8192, 16384)
-            for c in (False, True)]
+        return [dict(B=1, H=2, S=64, D=32, causal=False), dict(B=1, H=2, S=64, D=32, causal=True)]
+    return [dict(B=4, H=16, S=s, D=d, causal=c) for d in (128, 64)
+            for s in (4096, 1024, 16384, 2048, 8192) for c in (False, True)]
 
 
-def bench_attention(case, hw, dtype, interpret, smoke, rows):
-    S, D, causal = case["S"], case["D"], case["causal"]
-    name = "causal_attention" if causal else "attention"
-    sizes = dict(q=S, x=S, d=D)
-    k, modelled, tiles = napkin_kernel(name, sizes, hw, dtype, interpret)
+def bench_attention(case, a, clock, rows):
+    B, H, S, D, causal = (case[k] for k in ("B", "H", "S", "D", "causal"))
+    heads = B * H
+    label = f"attention B={B} H={H} S={S} D={D}{' causal' if causal else ''}"
+    k, modelled, tiles = attention_kernel(heads, S, D, causal, a.hardware, a.dtype, a.interpret)
     rng = np.random.default_rng(0)
-    dt = jnp.bfloat16 if dtype == "bf16" else jnp.float32
-    Q, K, V = (jnp.asarray(rng.standard_normal((S, D)), dt) for _ in range(3))
-    ref = get(name).reference(*(x.astype(jnp.float32) for x in (Q, K, V)))
-    out = k(Q, K, V)
-    err = float(jnp.max(jnp.abs(out.astype(jnp.float32) - ref)) / jnp.max(jnp.abs(ref)))
-    flops = 4 * S * S * D / (2 if causal else 1)
-    impls = {"napkin": lambda q, k_, v: k(q, k_, v)}
-    if not smoke:
+    Q, K, V = (jnp.asarray(rng.standard_normal((heads, S, D)), a.dt) for _ in range(3))
+    ref = jax.vmap(get("causal_attention" if causal else "attention").reference)(
+        *(x[:2].astype(jnp.float32) for x in (Q, K, V)))
+    out = k(Q, K, V)[:2].astype(jnp.float32)
+    err = float(jnp.max(jnp.abs(out - ref)) / jnp.max(jnp.abs(ref)))
+    flops = 4 * heads * S * S * D / (2 if causal else 1)
+    impls = {"napkin": k}
+    if not a.smoke:
+        bshd = lambda x: x.reshape(B, H, S, D).transpose(0, 2, 1, 3)  # noqa: E731
         for impl in ("xla", "cudnn"):
             impls[f"dpa-{impl}"] = jax.jit(lambda q, k_, v, impl=impl: jax.nn.dot_product_attention(
-                q[None, :, None], k_[None, :, None], v[None, :, None], is_causal=causal,
-                implementation=impl)[0, :, 0])
+                bshd(q), bshd(k_), bshd(v), is_causal=causal, implementation=impl))
         try:
             from jax.experimental.pallas.ops.gpu.attention import mha
             impls["pallas-mha"] = jax.jit(lambda q, k_, v: mha(
-                q[None, :, None], k_[None, :, None], v[None, :, None], None, causal=causal)[0, :, 0])
+                bshd(q), bshd(k_), bshd(v), None, causal=causal, sm_scale=D ** -0.5))
         except Exception as e:  # noqa: BLE001 - report, don't fail the table
             print(f"  (pallas mha unavailable: {e})")
-    for label, f in impls.items():
+    measure(label, impls, (Q, K, V), flops, err, modelled, tiles, a, clock, rows)
+
+
+def measure(label, impls, args, flops, err, modelled, tiles, a, clock, rows):
+    for impl, f in impls.items():
+        row = {"case": label, "impl": impl}
         try:
-            t = timeit(f, Q, K, V, reps=1 if smoke else 20)
-            rows.append((f"attention S={S} D={D}{' causal' if causal else ''}", label,
-                         f"{err:.1e}" if label == "napkin" else "", f"{t * 1e3:.3f}",
-                         f"{flops / t / 1e12:.1f}", f"{modelled * 1e3:.3f}" if label == "napkin" else "",
-                         f"{t / modelled:.2f}" if label == "napkin" else "",
-                         str(tiles) if label == "napkin" else ""))
-        except Exception as e:  # noqa: BLE001
-            rows.append((f"attention S={S} D={D}", label, "", "failed", str(e)[:40], "", "", ""))
+            t = timeit(f, *args, cap_s=clock.cap, reps=1 if a.smoke else 20)
+            row.update(ms=t * 1e3, tflops=flops / t / 1e12)
+            if impl == "napkin":
+                row.update(max_err=err, model_ms=modelled * 1e3, measured_over_model=t / modelled,
+                           tiles=tiles)
+        except Exception as e:  # noqa: BLE001 - one failure must not lose the table
+            row.update(failed=f"{type(e).__name__}: {str(e)[:120]}")
+        rows.append(row)
 
 
-def bench_matmul(n, hw, dtype, interpret, smoke, rows):
-    sizes = dict(a=n, b=n, c=n)
-    k, modelled, tiles = napkin_kernel("matmul", sizes, hw, dtype, interpret)
+def matmul_kernel(n, hw, dtype, interpret, tiles=None):
+    opt = optimize("matmul", hw, dict(a=n, b=n, c=n), dtype)
+    run = opt if tiles is None else dataclasses.replace(opt, tiles={**opt.tiles, **tiles})
+    model = opt.search.best.tiles.time_s
+    if tiles is not None:  # the model's time at these tiles (its launch chosen with them)
+        from napkin.cost.optimize import optimize_tiles
+        t = optimize_tiles(opt.cost, sizes={**opt.sizes, **tiles})
+        model, launch = t.time_s, {k: t.launch[0][k] for k in ("num_warps", "num_stages")}
+        run = dataclasses.replace(run, launch=launch)
+    return run.kernel(interpret=interpret), model, {**run.tiles, **run.launch}
+
+
+def bench_matmul(n, a, clock, rows):
+    k, modelled, tiles = matmul_kernel(n, a.hardware, a.dtype, a.interpret)
     rng = np.random.default_rng(1)
-    dt = jnp.bfloat16 if dtype == "bf16" else jnp.float32
-    A, B = (jnp.asarray(rng.standard_normal((n, n)), dt) for _ in range(2))
+    A, B = (jnp.asarray(rng.standard_normal((n, n)), a.dt) for _ in range(2))
     ref = A.astype(jnp.float32) @ B.astype(jnp.float32)
     err = float(jnp.max(jnp.abs(k(A, B).astype(jnp.float32) - ref)) / jnp.max(jnp.abs(ref)))
     impls = {"napkin": k}
-    if not smoke:
+    if not a.smoke:
         impls["jnp.dot"] = jax.jit(jnp.dot)
-    for label, f in impls.items():
-        t = timeit(f, A, B, reps=1 if smoke else 20)
-        rows.append((f"matmul {n}³", label, f"{err:.1e}" if label == "napkin" else "",
-                     f"{t * 1e3:.3f}", f"{2 * n ** 3 / t / 1e12:.1f}",
-                     f"{modelled * 1e3:.3f}" if label == "napkin" else "",
-                     f"{t / modelled:.2f}" if label == "napkin" else "",
-                     str(tiles) if label == "napkin" else ""))
+    measure(f"matmul {n}^3", impls, (A, B), 2 * n ** 3, err, modelled, tiles, a, clock, rows)
 
 
-def bench_gqa(smoke, hw, dtype, interpret, rows):
-    sizes = dict(k=2, r=2, q=64, x=64, d=32) if smoke else dict(k=8, r=4, q=4096, x=4096, d=128)
-    k, modelled, tiles = napkin_kernel("gqa", sizes, hw, dtype, interpret)
+def bench_gqa(a, clock, rows):
+    sizes = dict(k=2, r=2, q=64, x=64, d=32) if a.smoke else dict(k=8, r=4, q=4096, x=4096,
+                                                                   d=128)
+    opt = optimize("gqa", a.hardware, sizes, a.dtype, max_states=150)
+    k = opt.kernel(interpret=a.interpret)
     alg = get("gqa")
-    xs = [jnp.asarray(x, jnp.bfloat16 if dtype == "bf16" else jnp.float32)
-          for x in alg.sample(np.random.default_rng(2), sizes)]
+    xs = [jnp.asarray(x, a.dt) for x in alg.sample(np.random.default_rng(2), sizes)]
     ref = alg.reference(*(x.astype(jnp.float32) for x in xs))
     err = float(jnp.max(jnp.abs(k(*xs).astype(jnp.float32) - ref)) / jnp.max(jnp.abs(ref)))
-    t = timeit(k, *xs, reps=1 if smoke else 20)
     flops = 4 * sizes["k"] * sizes["r"] * sizes["q"] * sizes["x"] * sizes["d"]
-    rows.append((f"gqa {sizes['k'] * sizes['r']}:{sizes['k']}", "napkin", f"{err:.1e}",
-                 f"{t * 1e3:.3f}", f"{flops / t / 1e12:.1f}", f"{modelled * 1e3:.3f}",
-                 f"{t / modelled:.2f}", str(tiles)))
+    measure(f"gqa {sizes['k'] * sizes['r']}:{sizes['k']}", {"napkin": k}, xs, flops, err,
+            opt.search.best.tiles.time_s, {**opt.tiles, **opt.launch}, a, clock, rows)
+
+
+def sweep(a, clock) -> list:
+    """Model time against measured time over ~30 tilings of attention (d = 128, S = 4096,
+    64 heads) and matmul 4096^3: the data a CPU test ranks the model by."""
+    out = []
+    if a.smoke:
+        points = [("matmul", 64, dict(g_a=64, g_c=64, s_b=32))]
+    else:
+        points = [("attention", 4096, dict(g_q=q, s_x=s)) for q in (64, 128, 256)
+                  for s in (32, 64, 128, 256)]
+        points += [("matmul", 4096, dict(g_a=m, g_c=c, s_b=s)) for m in (64, 128, 256)
+                   for c in (128, 256) for s in (32, 64, 128)]
+    for kind, n, tiles in points:
+        if clock.left() <= clock.cap:
+            out.append({"kind": kind, "tiles": tiles, "skipped": "budget"})
+            continue
+        try:
+            if kind == "attention":
+                k, model, used = attention_kernel(64, n, 128, False, a.hardware, a.dtype,
+                                                  a.interpret, tiles)
+                from napkin.cost.optimize import optimize_tiles
+                mh = optimize("mha", a.hardware, dict(h=64, q=n, x=n, d=128), a.dtype)
+                model = optimize_tiles(mh.cost, sizes={**mh.sizes, "g_h": 1, **tiles}).time_s
+                args = [jnp.ones((64, n, 128), a.dt)] * 3
+            else:
+                k, model, used = matmul_kernel(n, a.hardware, a.dtype, a.interpret, tiles)
+                args = [jnp.ones((n, n), a.dt)] * 2
+            t = timeit(k, *args, cap_s=clock.cap, reps=1 if a.smoke else 10)
+            out.append({"kind": kind, "tiles": used, "model_s": model, "measured_s": t})
+        except Exception as e:  # noqa: BLE001 - a tiling that does not compile is data too
+            out.append({"kind": kind, "tiles": tiles, "failed": f"{type(e).__name__}: "
+                                                               f"{str(e)[:120]}"})
+    return out
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser()
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cpu-smoke", action="store_true")
     p.add_argument("--hardware", default="h200")
     p.add_argument("--dtype", default="bf16")
+    p.add_argument("--budget", type=float, default=300.0, help="seconds for the whole run")
+    p.add_argument("--case-cap", type=float, default=2.0, help="seconds measuring one case")
+    p.add_argument("--no-sweep", action="store_true")
+    p.add_argument("--out", default=None, help="JSON file (default: results/<gpu>-<date>.json)")
     a = p.parse_args(argv)
-    smoke = a.cpu_smoke
-    interpret = True if smoke else "auto"
+    a.smoke = a.cpu_smoke
+    a.interpret = True if a.smoke else "auto"
+    a.dt = jnp.bfloat16 if a.dtype == "bf16" else jnp.float32
+    clock = Clock(a.budget, a.case_cap)
+    device = jax.devices()[0]
     print(f"devices: {jax.devices()}; jax {jax.__version__}; hardware model {a.hardware}")
-    rows = []
-    runs = [lambda: bench_matmul(64 if smoke else 4096, a.hardware, a.dtype, interpret, smoke, rows)]
-    runs += [lambda case=case: bench_attention(case, a.hardware, a.dtype, interpret, smoke, rows)
-             for case in attention_cases(smoke)]
-    runs += [lambda: bench_gqa(smoke, a.hardware, a.dtype, interpret, rows)]
-    failed = 0
-    for run in runs:  # each case on its own: one failure must not lose the others' rows
+    rows, failed, skipped = [], 0, []
+    runs = [(f"matmul {n}", lambda n=n: bench_matmul(n, a, clock, rows))
+            for n in ((64,) if a.smoke else (4096, 8192))]
+    runs += [(str(case), lambda case=case: bench_attention(case, a, clock, rows))
+             for case in attention_cases(a.smoke)]
+    runs += [("gqa", lambda: bench_gqa(a, clock, rows))]
+    for label, run in runs:  # each case on its own: one failure must not lose the others
+        if clock.left() <= 0:
+            skipped.append(label)
+            continue
         done = len(rows)
         try:
             run()
         except Exception as e:  # noqa: BLE001 - report it and go on
             failed += 1
-            print(f"  case failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
+            print(f"  case failed: {label}: {type(e).__name__}: {str(e)[:300]}", flush=True)
         for r in rows[done:]:
-            print("  " + " | ".join(map(str, r)), flush=True)
+            print("  " + json.dumps(r), flush=True)
+    points = [] if a.no_sweep else sweep(a, clock)
     head = ("case", "impl", "max err", "ms", "TFLOP/s", "model ms", "meas/model", "tiles, launch")
-    widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head))]
-    for r in [head, *rows]:
+    table = [(r["case"], r["impl"], f"{r['max_err']:.1e}" if "max_err" in r else "",
+              f"{r['ms']:.3f}" if "ms" in r else r.get("failed", ""),
+              f"{r['tflops']:.1f}" if "tflops" in r else "",
+              f"{r['model_ms']:.3f}" if "model_ms" in r else "",
+              f"{r['measured_over_model']:.2f}" if "measured_over_model" in r else "",
+              str(r.get("tiles", ""))) for r in rows]
+    widths = [max(len(str(r[i])) for r in [head, *table]) for i in range(len(head))]
+    for r in [head, *table]:
         print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)))
-    bad = [r for r in rows if r[1] == "napkin" and r[2] and float(r[2]) > 2e-2]
+    if skipped:
+        print(f"skipped (budget {a.budget:g} s spent): {', '.join(skipped)}")
+    if not a.smoke:
+        kind = getattr(device, "device_kind", device.platform).replace(" ", "_")
+        path = Path(a.out) if a.out else RESULTS / f"{kind}-{datetime.date.today()}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"command": " ".join(sys.argv), "devices": str(jax.devices()),
+                                    "jax": jax.__version__, "hardware_model": a.hardware,
+                                    "rows": rows, "sweep": points, "skipped": skipped},
+                                   indent=1, default=str))
+        print(f"wrote {path}")
+    bad = [r for r in rows if r["impl"] == "napkin" and r.get("max_err", 0) > 2e-2]
     return 1 if bad or failed else 0
 
 
