@@ -7,6 +7,7 @@ for CUDA on this CPU (an abstract H100), which catches Triton-only errors.
 """
 import importlib.util
 import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -521,3 +522,24 @@ def test_napkins_attention_matches_pallas_mha_at_the_same_tiles():
     assert wgmma(mine) == wgmma(ref) > 0
     assert mine.registers <= 1.3 * ref.registers, (mine.registers, ref.registers)
     assert mine.shared <= ref.shared, (mine.shared, ref.shared)
+
+
+@pytest.mark.parametrize("name, sizes", [("causal_attention", dict(q=100, x=100, d=32)),
+                                         ("sliding_window_attention", dict(q=100, x=100, d=32))])
+def test_masked_streams_split_into_diagonal_and_unmasked_chunks(name, sizes):
+    """Causal and window streams visit three runs of chunks: those the masks cut (the mask
+    applied), those every row of the tile keeps whole (a step with no mask work), then cut
+    ones again; causal query tiles run heaviest first (the last tile is program 0).  The
+    kernel still equals the float64 reference at ragged sizes."""
+    kernel = kernel_for(name, steps=FLASH, tiles=dict(g_q=16, s_x=16))
+    xs = inputs(name, sizes)
+    src = kernel.source(*[x.shape for x in xs])
+    steps = re.findall(r"def (x_\w+)\(c\w*, carry\):\n(.*?)\n        return", src, re.S)
+    bodies = dict(steps)
+    assert {"x_chunk", "x_open"} <= set(bodies), src
+    assert "-1e+30" in bodies["x_chunk"] and "-1e+30" not in bodies["x_open"], src
+    assert len(re.findall(r"lax.fori_loop\([^\n]*, x_open, ", src)) == 1
+    if name == "causal_attention":
+        assert "q0 = (6 - pl.program_id(0)) * 16" in src  # 7 tiles of 16 over q = 100
+        assert "lambda i0: (6 - i0, 0)" in src
+    check(name, kernel, sizes)

@@ -197,6 +197,7 @@ class GridAxis:
     axis: str
     tile: int
     size: int
+    reverse: bool = False   # programs run last tile first (causal: the heaviest tiles first)
 
     @property
     def tiles(self) -> int:
@@ -495,7 +496,11 @@ class Planner:
         kinds = tuple(dict.fromkeys(m.kind_ for m in masks))
         if qa in self.gaxes:
             self.notes.append(f"stream {ax}: tile skipping from the {qa}/{ax} masks")
-            return SkipPlan(qa, kinds, low, high, None, self.grid[self.gaxes[qa]])
+            tile = self.grid[self.gaxes[qa]]
+            if low is None:  # causal: the last query tiles see the most keys; launch them
+                tile.reverse = True  # first, so the short ones fill the last wave
+                self.notes.append(f"group {qa}: the heaviest tiles first")
+            return SkipPlan(qa, kinds, low, high, None, tile)
         nq = self.sizes.get(qa)
         if nq is None:
             return None

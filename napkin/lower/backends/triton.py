@@ -62,6 +62,7 @@ class _Spelling:
         self.gaxes = plan.grid_axes
         self.scopes: list[dict] = [{}]
         self.loaded: dict[int, Var] = {}
+        self.unmasked: set = set()  # streamed axes whose current step its masks keep whole
         self.refs = [self.w.fresh(f"{a.name}_ref") for a in plan.inputs + plan.outputs]
 
     # ---------------------------------------------------------------- masks
@@ -147,6 +148,9 @@ class _Spelling:
         ``valid``: (axis, ok vector) inside the ragged tail of a stream."""
         def apply(box, args):
             kind = getattr(box.spec, "kind", None)
+            if kind == "mask" and box.spec.kind_ in ("causal", "window") and \
+                    box.spec.k in self.unmasked:
+                return [args[0]]  # a chunk the mask keeps whole (unmasked_bounds)
             if kind == "stream":
                 return self.stream(box, ctx, args)
             if kind == "group":
@@ -205,8 +209,10 @@ class _Spelling:
             w.rename(var, ob.name)
         bounds = self.skip_bounds(sp, ctx)
 
-        def step(kind):
+        def step(kind, unmasked=False):
             fn = w.fresh(f"{ax}_{kind}")
+            if unmasked:
+                self.unmasked.add(ax)
             c = w.fresh("c")
             w.line(f"def {fn}({c}, carry):")
             w.indent()
@@ -238,6 +244,7 @@ class _Spelling:
                 outs.append(var)
             w.line(f"return ({', '.join(v.name for v in outs)}{',' if len(outs) == 1 else ''})")
             self.scopes.pop()
+            self.unmasked.discard(ax)
             w.dedent()
             return fn
 
@@ -267,8 +274,13 @@ class _Spelling:
                 state = unpack(f"{tail_fn}({n_full}, {carry(state)})")
         else:
             lo, hi = bounds
-            if n_full:
-                state = unpack(f"lax.fori_loop({lo}, jnp.minimum({hi}, {n_full}), {full_fn}, "
+            if n_full:  # masked chunks, the unmasked ones between (no mask work), masked
+                u0, u1 = self.unmasked_bounds(sp, ctx, lo, hi)
+                open_fn = step("open", unmasked=True)
+                state = unpack(f"lax.fori_loop({lo}, jnp.minimum({u0}, {n_full}), {full_fn}, "
+                               f"{carry(state)})")
+                state = unpack(f"lax.fori_loop({u0}, {u1}, {open_fn}, {carry(state)})")
+                state = unpack(f"lax.fori_loop({u1}, jnp.minimum({hi}, {n_full}), {full_fn}, "
                                f"{carry(state)})")
             if tail:
                 start = n_full if isinstance(lo, int) else f"jnp.maximum({lo}, {n_full})"
@@ -276,6 +288,26 @@ class _Spelling:
                                f"{carry(state)})  # the ragged tail: 0 or 1 trip")
         fin = EvalContext(env, ctx.offsets, xp)
         return self.run(spec.finalize, fin, state + fixed)
+
+    def unmasked_bounds(self, sp, ctx, lo, hi):
+        """The full chunks [u0, u1) of the stream that the causal / window masks keep whole
+        for every row of this program's tile: their steps skip the mask (an identity
+        there).  None for a tile with a fully masked row (every chunk keeps its mask)."""
+        skip, w, s = sp.skip, self.w, sp.chunk
+        first = ctx.offsets[skip.query]
+        last = w.let(f"jnp.minimum({{0}} + {skip.tile.tile}, {skip.tile.size}) - 1", first,
+                     name=f"{skip.query}_end")
+        # keys every row keeps: k >= last + low (window) and k < first + high
+        u0 = lo if skip.low is None else w.let(
+            f"jnp.clip(-(-({{0}} + {skip.low}) // {s}), {lo}, {hi})", last,
+            name=f"{sp.axis}_open0", aval=I32)
+        u1 = w.let(f"jnp.maximum({{0}}, jnp.minimum(jnp.minimum(({{1}} + {skip.high}) // {s}, "
+                   f"{hi}), {sp.full}))", u0, first, name=f"{sp.axis}_open1", aval=I32)
+        masked_row = self.scopes[0].get(("masked_row", skip.query))
+        if masked_row is not None:
+            u1 = w.let(f"jnp.where({{0}}, {{1}}, {{2}})", masked_row, u0, u1,
+                       name=f"{sp.axis}_open1", aval=I32)
+        return u0, u1
 
     def skip_bounds(self, sp, ctx):
         """The plan's tile skipping as loop bounds: ints, or Vars of this program's tile."""
@@ -300,6 +332,7 @@ class _Spelling:
         a1, b1 = key_range(last)
         empty = w.let(f"({a0} >= {b0}) | ({a1} >= {b1})", name=f"{skip.query}_masked_row",
                       aval=jax.ShapeDtypeStruct((), jnp.bool_))
+        self.scopes[0][("masked_row", skip.query)] = empty
         lo = 0 if skip.low is None else w.let(f"jnp.where({{0}}, 0, {a0} // {s})", empty,
                                               name=f"{sp.axis}_lo", aval=I32)
         hi = w.let(f"jnp.where({{0}}, {sp.chunks}, ({b1} + {s - 1}) // {s})", empty,
@@ -313,7 +346,10 @@ class _Spelling:
         w.indent()
         offsets = {}
         for i, g in enumerate(plan.grid):
-            expr = f"pl.program_id({i})" + (f" * {g.tile}" if g.tile != 1 else "")
+            pid = f"pl.program_id({i})"
+            if g.reverse:
+                pid = f"({g.tiles - 1} - {pid})"
+            expr = pid + (f" * {g.tile}" if g.tile != 1 else "")
             off = w.let(expr, name=f"{g.axis}0", aval=I32,
                         comment=f"group {g.axis}: this program's tile starts here"
                         + (f" ({g.tile} {g.axis})" if g.tile != 1 else f" (one {g.axis})"))
@@ -352,7 +388,8 @@ class _Spelling:
         gaxes = plan.grid_axes
 
         def spec_line(a):
-            idx = ", ".join(f"i{j}" if j is not None else "0" for j in a.index)
+            idx = ", ".join("0" if j is None else f"{grid[j] - 1} - i{j}"
+                            if plan.grid[j].reverse else f"i{j}" for j in a.index)
             idx = f"({idx},)" if len(a.index) == 1 else f"({idx})"
             return (f"pl.BlockSpec({tuple(a.block)}, lambda {grid_args}: {idx}),  "
                     f"# {a.describe(gaxes)}")
