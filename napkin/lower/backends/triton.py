@@ -305,7 +305,7 @@ class _Spelling:
                    f"{hi}), {sp.full}))", u0, first, name=f"{sp.axis}_open1", aval=I32)
         masked_row = self.scopes[0].get(("masked_row", skip.query))
         if masked_row is not None:
-            u1 = w.let(f"jnp.where({{0}}, {{1}}, {{2}})", masked_row, u0, u1,
+            u1 = w.let("jnp.where({0}, {1}, {2})", masked_row, u0, u1,
                        name=f"{sp.axis}_open1", aval=I32)
         return u0, u1
 
