@@ -150,6 +150,20 @@ class _Emitter:
                 at -= 1
 
 
+def primitive_boxes(diagram):
+    """Every primitive box of ``diagram``, group and stream bodies included, in order
+    (wiring — copies, swaps, discards — has no spec and is left out)."""
+    for box in diagram.boxes:
+        spec = getattr(box, "spec", None)
+        if spec is None:
+            continue
+        bodies = getattr(spec, "bodies", None)
+        if bodies is None:
+            yield box
+        for body in bodies or ():
+            yield from primitive_boxes(body)
+
+
 def to_diagram(graph: nx.DiGraph) -> Diagram:
     obs = lambda v: graph.nodes[v]["ob"]  # noqa: E731
     order = ops(graph)

@@ -253,6 +253,22 @@ def matmul_axes(ins, outs) -> tuple[bool, list, list, tuple]:
     return mm, m_ax, n_ax, reduced
 
 
+def matmul_sides(box) -> dict | None:
+    """A contraction box's sides as a matrix product: {"M": ..., "N": ..., "K": ...}, each
+    [(axis, size), ...] — M the first operand's output axes the second lacks, N the second's
+    own, K the summed ones; None when the box is no matrix product (tensor cores run those
+    sides: M rows per warp group, no side under the least dot)."""
+    if box.spec.kind != "contract":
+        return None
+    ins = tuple(ob.type for ob in box.dom.inside)
+    mm, m_ax, n_ax, summed = matmul_axes(ins, tuple(ob.type for ob in box.cod.inside))
+    if not mm:
+        return None
+    size = {a.name: a.size for t in ins for a in t.axes}
+    sides = {"M": [a for a in m_ax if a not in ins[1].names], "N": n_ax, "K": list(summed)}
+    return {what: [(a, size[a]) for a in axes] for what, axes in sides.items()}
+
+
 # --------------------------------------------------------------------------- elementwise
 # name -> backend function name (napkin.backend)
 UNARY = {

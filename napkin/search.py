@@ -38,7 +38,7 @@ import networkx as nx
 from napkin.canonical import canonical_hash, same_program
 from napkin.certificate import fingerprint
 from napkin.errors import NapkinError
-from napkin.ir import ops as op_order, view
+from napkin.ir import ops as op_order, primitive_boxes, view
 from napkin.cost import Grid, cost, optimize_tiles, value_at
 from napkin.hardware import DTYPE_BYTES, get_hardware
 from napkin.region import Site, body_at
@@ -281,7 +281,7 @@ class Evaluator:
         caps = [lv.capacity_bytes for lv in self.hw.levels[1:] if lv.capacity_bytes]
         cap = min(caps) if caps else math.inf
         total = 0.0
-        for box in _primitive_boxes(program):
+        for box in primitive_boxes(program):
             need = sum(_numel(ob.type, values) * self._bytes_per_value(ob)
                        for ob in (*box.dom.inside, *box.cod.inside))
             total += max(0.0, need - cap)
@@ -538,18 +538,6 @@ def _better(best: State | None, s: State) -> State:
         return s
     key = lambda t: (bool(t.unlowerable), t.time_s, len(t.chain))  # noqa: E731
     return s if key(s) < key(best) else best
-
-
-def _primitive_boxes(program):
-    for box in program.boxes:
-        spec = getattr(box, "spec", None)
-        if spec is None:
-            continue
-        bodies = getattr(spec, "bodies", None)
-        if bodies is None:
-            yield box
-        for body in bodies or ():
-            yield from _primitive_boxes(body)
 
 
 def _numel(t, values: dict) -> float:

@@ -30,7 +30,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from napkin.schedule.resources import kernels as kernel_resources
+from napkin.cost.model import _fold, compute_times, value_at
+from napkin.schedule.resources import block_level, kernels as kernel_resources
 
 REGISTER_OVERHEAD = 32  # [EST] registers a thread spends on indices, addresses and loop state
 THREADS_PER_WARP = 32
@@ -75,7 +76,7 @@ class Launches:
 
     def __init__(self, grid):
         self.grid = grid
-        c, hw, n = grid.c, grid.c.hardware, grid.n
+        c, n = grid.c, grid.n
         self.resources = kernel_resources(c.schedule)
         # fits: within every budget; runs: within shared memory (registers spill, priced)
         self.fits, self.runs, self.time = np.ones(n, bool), np.ones(n, bool), np.zeros(n)
@@ -83,7 +84,7 @@ class Launches:
         self.excess = 0.0  # bytes by which the kernels' smallest points break the budget
         limit = _smem_limit(c)
         for k in self.resources:
-            kl = self._kernel(k, c, hw, grid.ev, n)
+            kl = self._kernel(k, c, grid.ev, n)
             self.runs &= kl.fits
             self.fits &= kl.fits & (kl.spilled == 0)
             self.time += kl.time
@@ -92,11 +93,10 @@ class Launches:
             self.excess += max(0.0, smem - limit)
 
     def _at(self, i: int) -> list[KernelLaunch]:
-        from napkin.cost.model import value_at
         env = {**self.grid.sizes, **self.grid.values(i)}
         ev = lambda e: np.array([value_at(e, env)])  # noqa: E731
         c = self.grid.c
-        return [self._kernel(k, c, c.hardware, ev, 1) for k in self.resources]
+        return [self._kernel(k, c, ev, 1) for k in self.resources]
 
     def at(self, i: int) -> list[dict]:
         """Each kernel's launch at point ``i``."""
@@ -105,15 +105,15 @@ class Launches:
     def shortfall(self) -> dict:
         """The least the block level's shared memory must be for some point to fit (the
         neediest kernel's smallest point)."""
-        return {self.grid.c.levels[_block(self.grid.c)]: self.least_smem}
+        return {self.grid.c.levels[block_level(self.grid.c.levels)]: self.least_smem}
 
     def why(self, i: int) -> str:
         """Why point ``i`` does not launch ("" when it does)."""
         return "; ".join(f"{k.name}: {k.why}" for k in self._at(i) if k.why)
 
     @staticmethod
-    def _kernel(k, c, hw, ev, n) -> KernelLaunch:
-        from napkin.cost.model import _fold
+    def _kernel(k, c, ev, n) -> KernelLaunch:
+        hw = c.hardware
         regs_bytes = 4 * _max(ev, k.registers, n)  # computed in f32, whatever is stored
         smem1, stage = _max(ev, k.smem, n), ev(k.stage)
         # warps: the fewest whose threads hold the register-resident values, and no more
@@ -145,8 +145,8 @@ class Launches:
         if k.inner_group:  # no launch spreads a group's instances inside a block
             fits = np.zeros(n, bool)
             why = f"group {k.inner_group} inside a block's body (a block runs steps and streams)"
-        # registers beyond the budget spill to local memory: stored and loaded again every
-        # step, through the block's level (the compiler still builds the kernel; it is slow)
+        # registers beyond the budget spill to local memory (the compiler still builds the
+        # kernel; it is slow): priced below, out and back every step
         spilled = np.maximum(regs - hw.register_budget, 0) * 4 * THREADS_PER_WARP * warps
         # occupancy: blocks per SM by shared memory, registers and the hardware's cap
         alloc = np.minimum(hw.registers_per_thread_max,
@@ -171,7 +171,8 @@ class Launches:
         # spilled registers: out and back every step, priced at the HBM rate (local
         # memory is backed by it, and a spilling kernel waits on every round trip)
         parts.append(2 * ctas * spilled * np.maximum(ev(k.steps), 1) / hw.memory_bandwidth)
-        compute = blocks * _compute(totals.flops, hw, ev, n)
+        compute = blocks * np.max(np.stack([np.broadcast_to(ev(t), (n,)) for t in
+                                            compute_times(totals.flops, hw).values()]), axis=0)
         moved = sum(parts, np.zeros(n))
         overlap = np.maximum(np.max(np.stack(parts), axis=0) if parts else 0.0, compute)
         roof = np.where((stages >= 2) | (k.streams == 0), overlap, moved + compute)
@@ -185,13 +186,8 @@ class Launches:
 def _smem_limit(c) -> int:
     """Shared memory one block may use: the profile's per-block limit, or a smaller
     capacity its block level states."""
-    return min(c.hardware.smem_per_block_max_bytes, c.hardware.levels[_block(c)].capacity_bytes)
-
-
-def _block(c) -> int:
-    """The index of the level one block's shared memory sits at."""
-    from napkin.hardware import resolve_level
-    return resolve_level(list(c.levels), "smem")
+    hw = c.hardware
+    return min(hw.smem_per_block_max_bytes, hw.levels[block_level(c.levels)].capacity_bytes)
 
 
 def _mma_m(hw) -> int:
@@ -201,21 +197,3 @@ def _mma_m(hw) -> int:
 
 def _max(ev, cands, n) -> np.ndarray:
     return np.max(np.stack([ev(e) for e in cands]), axis=0) if cands else np.zeros(n)
-
-
-def _compute(flops: dict, hw, ev, n) -> np.ndarray:
-    """The kernel's compute time: its units run side by side, the slowest one counts."""
-    from napkin.hardware import HardwareError
-    tensor, vector, sfu = np.zeros(n), np.zeros(n), np.zeros(n)
-    for unit, f in flops.items():
-        if unit.startswith("tensor:"):
-            try:
-                peak = hw.peak_flops(unit.split(":", 1)[1])
-            except HardwareError:
-                peak = hw.vector_flops_per_s or hw.peak_flops("f32")
-            tensor = tensor + ev(f) / peak
-        elif unit == "sfu" and hw.exp_per_s:
-            sfu = sfu + ev(f) / hw.exp_per_s
-        elif hw.vector_flops_per_s:
-            vector = vector + ev(f) / hw.vector_flops_per_s
-    return np.maximum(np.maximum(tensor, vector), sfu)

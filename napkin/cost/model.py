@@ -120,26 +120,7 @@ class Cost:
         return self.levels[1]
 
     def compute_times(self) -> dict:
-        hw = self.hardware
-        out = {}
-        tensor = ZERO
-        for unit, f in self.flops_by_unit.items():
-            if unit.startswith("tensor:"):
-                dt = unit.split(":", 1)[1]
-                try:
-                    peak = hw.peak_flops(dt)
-                except HardwareError:
-                    peak = hw.vector_flops_per_s or hw.peak_flops("f32")
-                tensor += f / sympy.Float(peak)
-        out["tensor"] = tensor
-        vec_peak = hw.vector_flops_per_s
-        vector = self.flops_by_unit.get("vector", ZERO)
-        sfu = self.flops_by_unit.get("sfu", ZERO)
-        if hw.exp_per_s is None:
-            vector, sfu = vector + sfu, ZERO
-        out["vector"] = vector / sympy.Float(vec_peak) if vec_peak else ZERO
-        out["sfu"] = sfu / sympy.Float(hw.exp_per_s) if hw.exp_per_s else ZERO
-        return out
+        return compute_times(self.flops_by_unit, self.hardware)
 
     @functools.cached_property
     def time_s(self) -> dict:
@@ -197,6 +178,29 @@ class Cost:
     def to_json(self, sizes: Mapping, **opt) -> dict:
         from napkin.cost.report import cost_json
         return cost_json(self, sizes, **opt)
+
+
+def compute_times(flops_by_unit: Mapping, hw: Hardware) -> dict:
+    """Seconds per unit for FLOPs by unit: tensor cores at their dtype's peak (or the vector
+    units' where the profile has none for it), vector ALUs, SFU (folded into the vector
+    units when the profile states no exp throughput)."""
+    tensor = ZERO
+    for unit, f in flops_by_unit.items():
+        if unit.startswith("tensor:"):
+            dt = unit.split(":", 1)[1]
+            try:
+                peak = hw.peak_flops(dt)
+            except HardwareError:
+                peak = hw.vector_flops_per_s or hw.peak_flops("f32")
+            tensor += f / sympy.Float(peak)
+    vec_peak = hw.vector_flops_per_s
+    vector = flops_by_unit.get("vector", ZERO)
+    sfu = flops_by_unit.get("sfu", ZERO)
+    if hw.exp_per_s is None:
+        vector, sfu = vector + sfu, ZERO
+    return {"tensor": tensor,
+            "vector": vector / sympy.Float(vec_peak) if vec_peak else ZERO,
+            "sfu": sfu / sympy.Float(hw.exp_per_s) if hw.exp_per_s else ZERO}
 
 
 # --------------------------------------------------------------------------- the fold

@@ -30,9 +30,9 @@ import sympy
 
 from napkin.arrays import array_types
 from napkin.errors import NapkinError
-from napkin.ir import to_graph
+from napkin.ir import primitive_boxes, to_graph
 from napkin.lower.emit import identifier
-from napkin.primitives import JNP_DTYPES, matmul_axes
+from napkin.primitives import JNP_DTYPES, matmul_sides
 from napkin.semantics import bind_sizes
 
 
@@ -370,21 +370,13 @@ class Planner:
         Triton's compile time explodes), so compiled kernels refuse it.  A whole axis that
         small is the problem's own size, not a choice: it runs as multiply-and-sum."""
         least, tiles = self.rules.dot_min, set(self.k.tiles)
-        for box in _primitives(self.st.body):
-            if box.spec.kind != "contract":
-                continue
-            ins = tuple(ob.type for ob in box.dom.inside)
-            mm, m_ax, n_ax, summed = matmul_axes(ins, tuple(ob.type for ob in box.cod.inside))
-            if not mm:
-                continue
-            size = {a.name: sympy.sympify(a.size) for t in ins for a in t.axes}
-            m_ax = [a for a in m_ax if a not in ins[1].names]
-            for what, axes in (("M", m_ax), ("N", n_ax), ("K", summed)):
-                extent = int(np.prod([int(size[a].subs(self.env)) for a in axes]))
-                tiled = [a for a in axes if size[a].free_symbols & tiles]
+        for box in primitive_boxes(self.st.body):
+            for what, axes in (matmul_sides(box) or {}).items():
+                at = {a: int(sympy.sympify(n).subs(self.env)) for a, n in axes}
+                extent = int(np.prod(list(at.values())))
+                tiled = [(a, n) for a, n in axes if sympy.sympify(n).free_symbols & tiles]
                 if extent < least and tiled:
-                    why = ", ".join(f"{a} in tiles of {size[a]} = {int(size[a].subs(self.env))}"
-                                    for a in tiled)
+                    why = ", ".join(f"{a} in tiles of {n} = {at[a]}" for a, n in tiled)
                     return (f"{box.name}: its {what} dimension is {extent} ({why}), under "
                             f"{least}, the least dot dimension of the {self.rules.name} backend "
                             f"on a GPU; choose tiles of at least {least}")
@@ -509,19 +501,6 @@ class Planner:
             return None
         self.notes.append(f"stream {ax}: static tile skipping from the {qa}/{ax} masks")
         return SkipPlan(qa, kinds, low, high, (rng[0][0] // s, -(-rng[1][1] // s)), None)
-
-
-def _primitives(diagram):
-    """Every primitive box of ``diagram``, group and stream bodies included."""
-    for box in diagram.boxes:
-        spec = getattr(box, "spec", None)  # wiring (copies, swaps) has none
-        if spec is None:
-            continue
-        bodies = getattr(spec, "bodies", None)
-        if bodies is None:
-            yield box
-        for body in bodies or ():
-            yield from _primitives(body)
 
 
 def _unique(names):

@@ -18,7 +18,7 @@ import sympy
 
 from napkin.hardware import resolve_level
 from napkin.memo import IdentityMemo
-from napkin.primitives import matmul_axes
+from napkin.primitives import matmul_sides
 from napkin.schedule.nest import ONE, ZERO, Loop, Schedule, Step, prune
 
 
@@ -56,7 +56,7 @@ def kernels(schedule: Schedule) -> list[KernelResources]:
     profile's per-SM level ("smem"): groups at it or above spread blocks over the chip,
     levels at it or below are the block's own memory."""
     levels = list(schedule.levels)
-    block = resolve_level(levels, "smem")
+    block = block_level(levels)
     out = []
     for k, launches in _kernel_loops(schedule.root, ONE):
         # a kernel's loop is shared by every program that holds it: analysed once
@@ -64,6 +64,11 @@ def kernels(schedule: Schedule) -> list[KernelResources]:
                       (schedule.stages, tuple(levels)))
         out.append(r if launches == ONE else dataclasses.replace(r, launches=launches))
     return out
+
+
+def block_level(levels) -> int:
+    """The index of the level one thread block's memory is (the per-SM level, "smem")."""
+    return resolve_level(list(levels), "smem")
 
 
 def _kernel_loops(loop: Loop, launches):
@@ -116,13 +121,9 @@ def _rows(k: Loop):
     so it bounds how many warp groups the product can use)."""
     rows = []
     for it, _ in k.walk():
-        if isinstance(it, Step) and it.spec.kind == "contract":
-            ins = tuple(ob.type for ob in it.box.dom.inside)
-            outs = tuple(ob.type for ob in it.box.cod.inside)
-            mm, m_ax, _, _ = matmul_axes(ins, outs)
-            if mm:
-                sizes = {a.name: a.size for t in ins for a in t.axes}
-                rows.append(sympy.Mul(*(sizes[a] for a in m_ax if a not in ins[1].names)))
+        sides = matmul_sides(it.box) if isinstance(it, Step) else None
+        if sides:
+            rows.append(sympy.Mul(*(n for _, n in sides["M"])))
     return min(rows, key=_sample) if rows else None
 
 

@@ -295,8 +295,7 @@ class _Spelling:
         there).  None for a tile with a fully masked row (every chunk keeps its mask)."""
         skip, w, s = sp.skip, self.w, sp.chunk
         first = ctx.offsets[skip.query]
-        last = w.let(f"jnp.minimum({{0}} + {skip.tile.tile}, {skip.tile.size}) - 1", first,
-                     name=f"{skip.query}_end")
+        last = self.scopes[0][("last", skip.query)]  # skip_bounds wrote it
         # keys every row keeps: k >= last + low (window) and k < first + high
         u0 = lo if skip.low is None else w.let(
             f"jnp.clip(-(-({{0}} + {skip.low}) // {s}), {lo}, {hi})", last,
@@ -320,6 +319,7 @@ class _Spelling:
         first = ctx.offsets[skip.query]
         last = w.let(f"jnp.minimum({{0}} + {g.tile}, {g.size}) - 1", first,
                      name=f"{skip.query}_last")
+        self.scopes[0][("last", skip.query)] = last
 
         def key_range(row):
             lo = f"jnp.maximum({row} + {skip.low}, 0)" if skip.low is not None else "0"
