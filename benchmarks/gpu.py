@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import functools
 import json
 import sys
 import time
@@ -56,18 +57,30 @@ def timeit(f, *args, cap_s: float, reps: int = 20) -> float:
     return (time.perf_counter() - t0) / n
 
 
+@functools.lru_cache(maxsize=None)
+def searched(name, hw, sizes: tuple, dtype, max_states=2000):
+    """napkin.optimize, once per algorithm and sizes: the cases and the sweep share it."""
+    return optimize(name, hw, dict(sizes), dtype, max_states=max_states)
+
+
+def at_tiles(opt, tiles):
+    """``opt`` at other tiles: the model's time there and the launch it chooses with them."""
+    from napkin.cost.optimize import optimize_tiles
+    t = optimize_tiles(opt.cost, sizes={**opt.sizes, **opt.tiles, **tiles})
+    return t.time_s, {k: t.launch[0][k] for k in ("num_warps", "num_stages")}
+
+
 def attention_kernel(heads, S, D, causal, hw, dtype, interpret, tiles=None):
     """napkin's attention over ``heads`` heads: tiles and launch from the multi-head search
     (the model sees the whole grid), the single-head kernel vmapped over the heads."""
-    opt = optimize("mha", hw, dict(h=heads, q=S, x=S, d=D), dtype)
+    opt = searched("mha", hw, (("h", heads), ("q", S), ("x", S), ("d", D)), dtype)
     name = "causal_attention" if causal else "attention"
-    single = optimize(name, hw, dict(q=S, x=S, d=D), dtype, max_states=50)
-    chosen = {t: v for t, v in opt.tiles.items() if t in single.tiles}
-    run = dataclasses.replace(single, tiles={**single.tiles, **chosen, **(tiles or {})},
-                              launch=opt.launch)
-    k = run.kernel(interpret=interpret)
-    model = opt.search.best.tiles.time_s
-    return jax.jit(jax.vmap(k)), model, {**run.tiles, **run.launch}
+    single = searched(name, hw, (("q", S), ("x", S), ("d", D)), dtype, 50)
+    model, launch = (opt.search.best.tiles.time_s, opt.launch) if tiles is None \
+        else at_tiles(opt, tiles)
+    chosen = {t: v for t, v in {**opt.tiles, **(tiles or {})}.items() if t in single.tiles}
+    run = dataclasses.replace(single, tiles={**single.tiles, **chosen}, launch=launch)
+    return jax.jit(jax.vmap(run.kernel(interpret=interpret))), model, {**run.tiles, **launch}
 
 
 def attention_cases(smoke):
@@ -119,15 +132,11 @@ def measure(label, impls, args, flops, err, modelled, tiles, a, clock, rows):
 
 
 def matmul_kernel(n, hw, dtype, interpret, tiles=None):
-    opt = optimize("matmul", hw, dict(a=n, b=n, c=n), dtype)
-    run = opt if tiles is None else dataclasses.replace(opt, tiles={**opt.tiles, **tiles})
-    model = opt.search.best.tiles.time_s
-    if tiles is not None:  # the model's time at these tiles (its launch chosen with them)
-        from napkin.cost.optimize import optimize_tiles
-        t = optimize_tiles(opt.cost, sizes={**opt.sizes, **tiles})
-        model, launch = t.time_s, {k: t.launch[0][k] for k in ("num_warps", "num_stages")}
-        run = dataclasses.replace(run, launch=launch)
-    return run.kernel(interpret=interpret), model, {**run.tiles, **run.launch}
+    opt = searched("matmul", hw, (("a", n), ("b", n), ("c", n)), dtype)
+    model, launch = (opt.search.best.tiles.time_s, opt.launch) if tiles is None \
+        else at_tiles(opt, tiles)
+    run = dataclasses.replace(opt, tiles={**opt.tiles, **(tiles or {})}, launch=launch)
+    return run.kernel(interpret=interpret), model, {**run.tiles, **launch}
 
 
 def bench_matmul(n, a, clock, rows):
@@ -145,7 +154,7 @@ def bench_matmul(n, a, clock, rows):
 def bench_gqa(a, clock, rows):
     sizes = dict(k=2, r=2, q=64, x=64, d=32) if a.smoke else dict(k=8, r=4, q=4096, x=4096,
                                                                    d=128)
-    opt = optimize("gqa", a.hardware, sizes, a.dtype, max_states=150)
+    opt = searched("gqa", a.hardware, tuple(sizes.items()), a.dtype, 150)
     k = opt.kernel(interpret=a.interpret)
     alg = get("gqa")
     xs = [jnp.asarray(x, a.dt) for x in alg.sample(np.random.default_rng(2), sizes)]
@@ -175,9 +184,6 @@ def sweep(a, clock) -> list:
             if kind == "attention":
                 k, model, used = attention_kernel(64, n, 128, False, a.hardware, a.dtype,
                                                   a.interpret, tiles)
-                from napkin.cost.optimize import optimize_tiles
-                mh = optimize("mha", a.hardware, dict(h=64, q=n, x=n, d=128), a.dtype)
-                model = optimize_tiles(mh.cost, sizes={**mh.sizes, "g_h": 1, **tiles}).time_s
                 args = [jnp.ones((64, n, 128), a.dt)] * 3
             else:
                 k, model, used = matmul_kernel(n, a.hardware, a.dtype, a.interpret, tiles)
