@@ -565,13 +565,18 @@ def _too_small(states, ev) -> str:
     if not need:
         errs = {s.error for s in states if s.error}
         return "no program could be costed: " + "; ".join(sorted(errs))
+    from napkin.cost.launch import modelled, smem_limit
+    from napkin.schedule.resources import block_level
     hw = ev.hw
-    over = {lv: n for lv, n in need.items()
-            if n > min(hw.level(lv).capacity_bytes or math.inf,
-                       hw.smem_per_block_max_bytes if lv == "smem" and hw.register_budget
-                       else math.inf)}
+    block = hw.levels[block_level([lv.name for lv in hw.levels])].name
+
+    def budget(lv):  # what the search held the level to: a block's limit under the launch model
+        if ev.objective == "time" and modelled(hw) and lv == block:
+            return smem_limit(hw)
+        return hw.level(lv).capacity_bytes
+    over = {lv: n for lv, n in need.items() if n > (budget(lv) or math.inf)}
     lv = min(over or need, key=lambda k: need[k])
-    cap = hw.level(lv).capacity_bytes
+    cap = budget(lv)
     return (f"no streamed program fits: the smallest needs {need[lv]:.0f} bytes of {lv} "
             f"but the budget is {cap} bytes (a budget of at least {math.ceil(need[lv])} bytes "
             f"would fit)")

@@ -82,7 +82,7 @@ class Launches:
         self.fits, self.runs, self.time = np.ones(n, bool), np.ones(n, bool), np.zeros(n)
         self.least_smem = 0.0
         self.excess = 0.0  # bytes by which the kernels' smallest points break the budget
-        limit = _smem_limit(c)
+        limit = smem_limit(c.hardware)
         for k in self.resources:
             kl = self._kernel(k, c, grid.ev, n)
             self.runs &= kl.fits
@@ -114,8 +114,7 @@ class Launches:
     @staticmethod
     def _kernel(k, c, ev, n) -> KernelLaunch:
         hw = c.hardware
-        regs_bytes = 4 * _max(ev, k.registers, n)  # computed in f32, whatever is stored
-        smem1, stage = _max(ev, k.smem, n), ev(k.stage)
+        smem1, stage = k.smem_bytes(ev) + np.zeros(n), ev(k.stage)
         # warps: the fewest whose threads hold the register-resident values, and no more
         # warp groups than the matrix products have rows for (M = mma_m per warp group)
         choices = sorted(hw.warps_per_block)
@@ -126,14 +125,14 @@ class Launches:
             most = np.full(n, float(choices[0]))
             for w in choices:
                 most = np.where(w <= warp_groups, np.maximum(most, w), most)
-        per_thread = lambda w: regs_bytes / (4 * THREADS_PER_WARP * w)  # noqa: E731
+        per_thread = lambda w: k.registers_per_thread(ev, w)  # noqa: E731
         warps = most.copy()
         for w in reversed(choices):
             warps = np.where((w <= most) & (per_thread(w) <= hw.register_budget), w, warps)
         regs = per_thread(warps)
         # stages: the most whose chunk buffers fit the block's shared memory (the profile's
         # per-block limit, or a smaller capacity its block level states)
-        limit = _smem_limit(c)
+        limit = smem_limit(c.hardware)
         stages = np.zeros(n)
         for s in range(1, hw.pipeline_stages + 1):
             stages = np.where(smem1 + (s - 1) * stage <= limit, s, stages)
@@ -183,17 +182,13 @@ class Launches:
                             time)
 
 
-def _smem_limit(c) -> int:
+def smem_limit(hw) -> int:
     """Shared memory one block may use: the profile's per-block limit, or a smaller
     capacity its block level states."""
-    hw = c.hardware
-    return min(hw.smem_per_block_max_bytes, hw.levels[block_level(c.levels)].capacity_bytes)
+    block = hw.levels[block_level([lv.name for lv in hw.levels])]
+    return min(hw.smem_per_block_max_bytes, block.capacity_bytes)
 
 
 def _mma_m(hw) -> int:
     """Rows one warp group's tensor-core instruction takes (the profile's mma_m; 1 if none)."""
     return max((lv.multiple("mma_m") for lv in hw.levels), default=1)
-
-
-def _max(ev, cands, n) -> np.ndarray:
-    return np.max(np.stack([ev(e) for e in cands]), axis=0) if cands else np.zeros(n)

@@ -385,9 +385,8 @@ class Grid:
         return ok
 
     def shortfall(self, launch: bool = True) -> dict:
-        """What the smallest point needs, per budget: {level: bytes} (its peak, or with a
-        launch model the block's shared memory), and "registers" (data registers per thread
-        at the most warps) where a launch model has them."""
+        """What the smallest point needs, per level: {level: bytes} (its peak, or with a
+        launch model the block's shared memory at one stage)."""
         if launch and self.launches is not None:
             return self.launches.shortfall()
         return {lv: float(m.min()) for lv, m in self.mem.items()}

@@ -24,7 +24,7 @@ from napkin.schedule import Buffer, Schedule, Step
 class Level:
     """One level of the schedule at concrete sizes: its peak and the buffers declared there."""
     name: str
-    peak: int | None                             # None: the schedule has no such level
+    peak: int
     buffers: list = field(default_factory=list)  # (name, dtype[axis=n, ...], role, bytes)
 
 
@@ -99,11 +99,10 @@ def launched(schedule: Schedule, env: dict, launch: dict) -> dict:
     if len(ks) != 1 or not isinstance(launch.get("num_warps"), int):
         return {}
     (k,) = ks
-    stages = int(launch.get("num_stages", 1))
-    smem = max(value_at(b, env) for b in k.smem) + (stages - 1) * value_at(k.stage, env)
-    values = max(value_at(v, env) for v in k.registers)
-    return {"smem": int(smem), "warps": launch["num_warps"],
-            "registers": math.ceil(values / (32 * launch["num_warps"]))}
+    ev = lambda e: value_at(e, env)  # noqa: E731
+    warps = launch["num_warps"]
+    return {"smem": int(k.smem_bytes(ev, int(launch.get("num_stages", 1)))), "warps": warps,
+            "registers": math.ceil(k.registers_per_thread(ev, warps))}
 
 
 def _launch(c: CompiledKernel) -> str:

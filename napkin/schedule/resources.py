@@ -12,7 +12,10 @@ the same buffers the cost model and the pseudocode show.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
+
+import numpy as np
 
 import sympy
 
@@ -49,6 +52,17 @@ class KernelResources:
     streams: int
     rows: sympy.Expr | None    # the fewest rows (M) of its matrix products; None: it has none
     inner_group: str = ""      # the axis of a group inside a block's body ("" when none)
+
+    # ``ev``: an expression's value (a number, or numpy arrays over a grid of tile points)
+    def smem_bytes(self, ev, stages=1):
+        """Shared memory per block with ``stages`` chunk buffers per stream."""
+        return functools.reduce(np.maximum, (ev(b) for b in self.smem)) + \
+            (stages - 1) * ev(self.stage)
+
+    def registers_per_thread(self, ev, warps):
+        """Registers of data per thread at ``warps`` warps: the held values, one 4-byte
+        register each (a kernel computes them in f32)."""
+        return functools.reduce(np.maximum, (ev(v) for v in self.registers)) / (32 * warps)
 
 
 def kernels(schedule: Schedule) -> list[KernelResources]:
