@@ -35,7 +35,7 @@ import sympy
 from napkin.arrays import array_types, canonical_dtype
 from napkin.errors import NapkinError, ShapeError
 from napkin.lower.backends import DEFAULT, Written, get_backend
-from napkin.lower.plan import KernelPlan, Planner, peel, stream_boxes
+from napkin.lower.plan import KernelPlan, Planner, group_in_body, peel, stream_boxes
 from napkin.primitives import JNP_DTYPES
 
 
@@ -135,10 +135,10 @@ class LoweredKernel:
         self.in_names = [ob.name for ob in program.dom.inside]
         for spec in self.structure.groups:
             self.size_of(spec.size, f"group {spec.axis}")
-        for box in self.structure.body.boxes:
-            if getattr(getattr(box, "spec", None), "kind", None) == "group":
-                raise NapkinError(f"{box.name}: a group below the grid (inside the kernel body) "
-                                  f"is not supported by the {self.backend.rules.name} lowering")
+        box = group_in_body(self.structure)
+        if box is not None:
+            raise NapkinError(f"{box.name}: a group below the grid (inside the kernel body) "
+                              f"is not supported by the {self.backend.rules.name} lowering")
         self._streams = [box.spec for box in stream_boxes(self.structure.body)]
         for spec in self._streams:
             self.size_of(spec.chunk, f"stream {spec.axis}")

@@ -113,14 +113,22 @@ def unlowerable(program) -> str:
     they spell one grid of groups with streams inside; a group inside the body (or a
     program of several kernels, which is one) has no spelling yet."""
     try:
-        body = peel(program).body
+        box = group_in_body(peel(program))
     except NapkinError as e:
         return str(e)
-    for box in body.boxes:
-        if getattr(getattr(box, "spec", None), "kind", None) == "group":
-            return (f"{box.name}: a group below the grid (inside the kernel body) or a program "
-                    f"of several kernels")
+    if box is not None:
+        return (f"{box.name}: a group below the grid (inside the kernel body) or a program "
+                f"of several kernels")
     return ""
+
+
+def group_in_body(structure: Structure):
+    """The first group box left in a kernel's body below its grid (None when there is none):
+    what neither backend spells."""
+    for box in structure.body.boxes:
+        if getattr(getattr(box, "spec", None), "kind", None) == "group":
+            return box
+    return None
 
 
 def stream_boxes(diagram) -> list:
