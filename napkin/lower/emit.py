@@ -167,6 +167,7 @@ class Writer:
         self.taken: set[str] = set()
         self.namespace = dict(GLOBALS, **(namespace or {}))
         self._compiled: dict[str, object] = {}
+        self.values: dict[int, str] = {}  # line index -> the name a ``let`` binds there
         self.largest = 0  # values in the largest array written (a backend sizes its launch by it)
 
     # ---------------------------------------------------------------- names
@@ -200,7 +201,19 @@ class Writer:
         self.depth -= 1
 
     def text(self) -> str:
-        return "\n".join(self.lines) + "\n"
+        return "\n".join(self.live_lines()) + "\n"
+
+    def live_lines(self) -> list[str]:
+        """The lines, less the values nothing reads: a peephole may leave the value it
+        replaced unread (the scaled scores once exp2 and max read the raw ones)."""
+        kept, read = [], set()
+        for i in range(len(self.lines) - 1, -1, -1):
+            line = self.lines[i]
+            if i in self.values and self.values[i] not in read:
+                continue  # a let's expression is pure: an unread value is dead code
+            read.update(_NAME.findall(line))
+            kept.append(line)
+        return kept[::-1]
 
     # ---------------------------------------------------------------- values
     def _aval(self, expr: str, args):
@@ -232,6 +245,7 @@ class Writer:
             text += f"  # {comment}"
         self.line(text)
         var.line = len(self.lines) - 1
+        self.values[var.line] = var.name
         return var
 
     def rename(self, var: Var, base: str, comment: str | None = None) -> Var:
@@ -245,13 +259,19 @@ class Writer:
         if comment and "#" not in self.lines[var.line]:
             self.lines[var.line] += f"  # {comment}"
         self.taken.discard(var.name)
+        self.values[var.line] = new
         var.name, var.temp = new, False
         return var
 
 
+_NAME = re.compile(r"[A-Za-z_]\w*")
+
 # ------------------------------------------------------------------ the backend
+LOG2E = math.log2(math.e)
+# exp(x) = 2^(x·log2 e): Triton writes f32 exp2 as one ex2.approx, exp as libdevice's
+# __nv_expf (more instructions and registers; FlashAttention and Pallas mha use exp2)
 _UNARY = {
-    "exp": "jnp.exp({0})", "log": "jnp.log({0})", "tanh": "jnp.tanh({0})", "negative": "-{0}",
+    "exp": f"jnp.exp2({{0}} * {LOG2E!r})", "log": "jnp.log({0})", "tanh": "jnp.tanh({0})", "negative": "-{0}",
     "sigmoid": "jax.nn.sigmoid({0})", "square": "{0} * {0}", "sqrt": "jnp.sqrt({0})",
     "rsqrt": "lax.rsqrt({0})", "reciprocal": "1.0 / {0}", "relu": "jnp.maximum({0}, 0.0)",
     "silu": "{0} * jax.nn.sigmoid({0})", "abs": "jnp.abs({0})",
@@ -278,6 +298,22 @@ def _low(x):
     return isinstance(x, Var) and x.dtype in LOW_PRECISION
 
 
+def _f32(x):
+    return isinstance(x, Var) and x.dtype == np.float32
+
+
+def _positive(c):
+    value = c.value if isinstance(c, Lit) else c
+    return (isinstance(value, (int, float, np.number)) and not isinstance(value, bool)
+            and 0 < value < math.inf)
+
+
+def _origin(x, kind):
+    """The operands ``x`` was made from by a ``kind`` line (see Recorder.exp), or None."""
+    origin = getattr(x, "origin", None)
+    return origin[1:] if origin and origin[0] == kind else None
+
+
 def _arg(x):
     if isinstance(x, (Var, Lit)):
         return x
@@ -300,6 +336,11 @@ class Recorder:
             setattr(self, fn, self._unary(tpl))
         for fn, tpl in _BINARY.items():
             setattr(self, fn, self._binary(tpl))
+        # the generic spellings, under the folding methods below
+        self._exp, self._multiply, self._subtract = (
+            self._unary(_UNARY["exp"]), self._binary(_BINARY["multiply"]),
+            self._binary(_BINARY["subtract"]))
+        del self.exp, self.multiply, self.subtract  # instance attributes: the methods serve
 
     def _unary(self, tpl):
         def f(x):
@@ -324,11 +365,49 @@ class Recorder:
             return self.w.let(tpl, a, b)
         return f
 
+    # exp2, with the scale folded in ----------------------------------------------
+    # A float32 value remembers how it was made when a later line can read something
+    # cheaper.  exp(a − b) is 2^((a − b)·log2 e): the subtraction stays exact, so a
+    # masked score minus a running max equal to the mask's fill is 0, not the rounding
+    # of two huge products.  Scores of a low-precision dot scaled by c > 0 fold the
+    # scale: exp(s·c − b) is 2^(s·(c·log2 e) − b·log2 e), one fma and one ex2, and
+    # max(s·c) is max(s)·c (exact: rounding is monotone), so the scaled tile goes unread
+    # (Writer.live_lines drops it).  The fold rounds at |s·c|·2⁻²⁴, as FlashAttention
+    # and Pallas mha do, below the precision of P in the P·V that follows; f32 kernels
+    # keep the exact subtraction.
+    def multiply(self, a, b):
+        out = self._multiply(a, b)
+        for x, c in ((a, b), (b, a)):
+            if _origin(x, "dot") is not None and _positive(c):
+                out.origin = ("scale", x, float(_arg(c).value))
+        return out
+
+    def subtract(self, a, b):
+        out = self._subtract(a, b)
+        if _f32(a) and _f32(out) and isinstance(_arg(b), (Var, Lit)):
+            out.origin = ("sub", a, _arg(b))
+        return out
+
+    def exp(self, x):
+        sub = _origin(x, "sub")
+        if not _f32(x) or sub is None:
+            return self._exp(x)
+        head, shift = sub
+        scaled = _origin(head, "scale")
+        if scaled is None:
+            return self.w.let(f"jnp.exp2(({{0}} - {{1}}) * {LOG2E!r})", head, shift)
+        y, c = scaled
+        return self.w.let(f"jnp.exp2({{0}} * {c * LOG2E!r} - {{1}} * {LOG2E!r})", y, shift)
+
     # reductions ------------------------------------------------------------
     def sum(self, x, axis):
         return self.w.let(f"jnp.sum({{0}}, axis={axis})", x)
 
     def max(self, x, axis):
+        scaled = _origin(x, "scale")
+        if scaled:
+            return self.multiply(self.w.let(f"jnp.max({{0}}, axis={axis})", scaled[0]),
+                                 scaled[1])
         return self.w.let(f"jnp.max({{0}}, axis={axis})", x)
 
     def mean(self, x, axis):
@@ -336,12 +415,12 @@ class Recorder:
 
     def logsumexp(self, x, axis):
         m = self.max(x, axis)
-        e = self.w.let("jnp.exp({0} - {1})", x, self.expand(m, axis))
+        e = self.exp(self.subtract(x, self.expand(m, axis)))
         return self.w.let(f"{{0}} + jnp.log(jnp.sum({{1}}, axis={axis}))", m, e)
 
     def softmax(self, x, axis):
         m = self.max(x, axis)
-        e = self.w.let("jnp.exp({0} - {1})", x, self.expand(m, axis))
+        e = self.exp(self.subtract(x, self.expand(m, axis)))
         s = self.sum(e, axis)
         p = self.w.let("{0} / {1}", e, self.expand(s, axis))
         return self.guard(p, self.expand(m, axis))  # fully masked rows: zeros
@@ -498,7 +577,10 @@ class Recorder:
         shape = [1] * len(batch) + [sizes[x] for x in fa] + [sizes[x] for x in fb]
         c = self.reshape(c, shape)
         have = batch + fa + fb
-        return self.transpose(c, [have.index(x) for x in out])
+        c = self.transpose(c, [have.index(x) for x in out])
+        if dt in LOW_PRECISION:
+            c.origin = ("dot",)  # scores a scale may fold into exp2 (see Recorder.exp)
+        return c
 
     def _mul_sum(self, la, a, lb, b, out, contracted, dt):
         """Broadcast, multiply and sum (small or batched contractions)."""

@@ -375,7 +375,7 @@ class _Spelling:
             else:
                 w.line(f"plt.store({ref}, {val}, mask={mask})")
         w.dedent()
-        return w.lines
+        return w.live_lines()
 
     def write(self) -> Written:
         k, plan = self.k, self.plan
