@@ -212,6 +212,33 @@ def test_causal_and_window_masks_skip_tiles():
     assert "tile skipping" not in kernel_for("attention").source(*shapes)
 
 
+def test_matmul_grids_launch_in_grouped_order():
+    """A grid whose two dimensions each index an operand the other does not (matmul's
+    A[a,b], B[b,c]) launches as one dimension in groups of 8 row tiles: every tile exactly
+    once, a group's programs sweeping the columns with the same column tile 8 programs in
+    a row (a ragged last group too), and the kernel still equals the reference and moves
+    the bytes the schedule prices.  Attention's (h, q) grid has no such pair."""
+    from napkin.lower.backends.triton import tile_indices
+    from napkin.lower.plan import Raster
+    kernel = kernel_for("matmul")
+    shapes = [(300, 37), (37, 100)]  # 19 row tiles (two groups of 8, then 3) × 7 columns
+    plan = kernel.plan(*shapes).plan
+    assert plan.raster == Raster(0, 1, 8) and kernel.plan(*shapes).grid == (133,)
+    pid = np.arange(133)
+    rows, cols = [np.asarray(eval(e, {"jnp": jnp}, {"i0": pid}))
+                  for e in tile_indices(plan, ["i0"])]
+    assert sorted(zip(rows, cols)) == [(r, c) for r in range(19) for c in range(7)]
+    assert (rows[:8] == np.arange(8)).all() and (cols[:8] == 0).all() and cols[8] == 1
+    assert (rows[112:115] == [16, 17, 18]).all() and (cols[112:115] == 0).all()
+    check("matmul", kernel, dict(a=300, b=37, c=100))
+    a, b, c = 256, 48, 64  # 16 row tiles: A read once per column tile, B once per row tile
+    assert kernel.plan((a, b), (b, c)).plan.raster is not None
+    assert hbm_bytes(kernel, [(a, b), (b, c)]) == (a * b * (c // 16) + b * c * (a // 16)
+                                                   + a * c) * 4
+    mha = kernel_for("mha").plan((4, 200, 16), (4, 24, 16), (4, 24, 16))
+    assert mha.plan.raster is None and mha.grid == (4, 13)  # K, V: per head, every q tile
+
+
 @pytest.mark.parametrize("c", [0.125, -0.5])
 def test_exp_is_exp2_with_a_positive_scale_of_low_precision_scores_folded_in(c):
     """Every exp is written as exp2 (one ex2 on a GPU, not libdevice's expf).  A positive

@@ -55,7 +55,8 @@ class Specialised:
 
     @property
     def grid(self) -> tuple:
-        return self.plan.grid_shape
+        """The grid the kernel launches (a raster's two dimensions as one)."""
+        return self.plan.launch_shape
 
     @property
     def block_shapes(self) -> dict:

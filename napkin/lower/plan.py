@@ -216,6 +216,25 @@ class GridAxis:
         return self.size % self.tile != 0
 
 
+RASTER_GROUP = 8  # row tiles a group of programs shares (the GROUP_M of Triton's matmul tutorial)
+
+
+@dataclass(frozen=True)
+class Raster:
+    """Grid dimensions ``rows`` and ``cols`` launched as one, in groups of ``group`` row
+    tiles: a group's programs sweep the column tiles one by one, each column tile for the
+    group's rows in turn, so a column operand's panel is read by ``group`` programs in a
+    row and the group's row panels stay in L2 over the sweep (grouped ordering).  Chosen
+    for a grid whose two dimensions each index an operand the other does not (matmul's
+    A[a,b] and B[b,c]); row-major order would read every B panel once per row tile."""
+    rows: int
+    cols: int
+    group: int
+
+    def tiles(self, grid) -> tuple[int, int]:
+        return grid[self.rows].tiles, grid[self.cols].tiles
+
+
 @dataclass
 class ArrayPlan:
     """One kernel input or output: its block and how the grid indexes it."""
@@ -286,10 +305,26 @@ class KernelPlan:
     sizes: dict             # axis name -> size
     notes: list
     gpu_refusal: str = ""   # why it cannot run compiled (a tile makes a dot too small)
+    raster: Raster | None = None  # two grid dimensions launched as one, grouped
 
     @property
     def grid_shape(self) -> tuple:
+        """Tiles per grid dimension (one per grouped axis)."""
         return tuple(g.tiles for g in self.grid) or (1,)
+
+    @property
+    def launch_dims(self) -> list[list[int]]:
+        """The grid dimensions each launched dimension runs: one each, except a raster's
+        rows and columns, launched together where the rows were."""
+        r = self.raster
+        return [[d] if r is None or d != r.rows else [r.rows, r.cols]
+                for d in range(len(self.grid)) if r is None or d != r.cols]
+
+    @property
+    def launch_shape(self) -> tuple:
+        """The grid the kernel is launched with."""
+        return tuple(int(np.prod([self.grid[d].tiles for d in dims]))
+                     for dims in self.launch_dims) or (1,)
 
     @property
     def grid_axes(self) -> dict:
@@ -367,9 +402,26 @@ class Planner:
         chunks = {}
         for s in streams.values():  # the first stream over an axis sets its block
             chunks.setdefault(s.axis, s.chunk)
-        return KernelPlan(self.k.name, self.k.describe(), self.grid, self.inputs(chunks),
+        inputs = self.inputs(chunks)
+        return KernelPlan(self.k.name, self.k.describe(), self.grid, inputs,
                           self.outputs(), streams, self.env, self.sizes, self.notes,
-                          self.small_dot())
+                          self.small_dot(), self.raster(inputs))
+
+    def raster(self, inputs) -> Raster | None:
+        """Grouped ordering for the first pair of grid dimensions that each index an input
+        the other does not, when there are more row tiles than a group (fewer: the plain
+        order already is one group)."""
+        for rows in range(len(self.grid)):
+            for cols in range(rows + 1, len(self.grid)):
+                alone = [any(d in a.index and e not in a.index for a in inputs)
+                         for d, e in ((rows, cols), (cols, rows))]
+                if all(alone) and self.grid[rows].tiles > RASTER_GROUP \
+                        and self.grid[cols].tiles > 1:
+                    self.notes.append(f"groups {self.grid[rows].axis}, {self.grid[cols].axis}: "
+                                      f"launched in groups of {RASTER_GROUP} "
+                                      f"{self.grid[rows].axis} tiles (L2 reuse)")
+                    return Raster(rows, cols, RASTER_GROUP)
+        return None
 
     def small_dot(self) -> str:
         """Why the kernel cannot be compiled: a matrix product with a dimension under the

@@ -345,11 +345,9 @@ class _Spelling:
         w.line(f"def kernel({', '.join(self.refs)}):")
         w.indent()
         offsets = {}
-        for i, g in enumerate(plan.grid):
-            pid = f"pl.program_id({i})"
-            if g.reverse:
-                pid = f"({g.tiles - 1} - {pid})"
-            expr = pid + (f" * {g.tile}" if g.tile != 1 else "")
+        tiles = tile_indices(plan, [f"pl.program_id({i})" for i in range(len(plan.launch_dims))])
+        for g, pid in zip(plan.grid, tiles):
+            expr = (f"({pid})" if " " in pid else pid) + (f" * {g.tile}" if g.tile != 1 else "")
             off = w.let(expr, name=f"{g.axis}0", aval=I32,
                         comment=f"group {g.axis}: this program's tile starts here"
                         + (f" ({g.tile} {g.axis})" if g.tile != 1 else f" (one {g.axis})"))
@@ -383,13 +381,13 @@ class _Spelling:
         launch = dict(k.launch)
         if launch["num_warps"] == "auto":
             launch["num_warps"] = warps_for(self.w.largest)
-        grid = plan.grid_shape
+        grid = plan.launch_shape
         grid_args = ", ".join(f"i{i}" for i in range(len(grid)))
+        tiles = tile_indices(plan, [f"i{i}" for i in range(len(grid))])
         gaxes = plan.grid_axes
 
         def spec_line(a):
-            idx = ", ".join("0" if j is None else f"{grid[j] - 1} - i{j}"
-                            if plan.grid[j].reverse else f"i{j}" for j in a.index)
+            idx = ", ".join("0" if j is None else tiles[j] for j in a.index)
             idx = f"({idx},)" if len(a.index) == 1 else f"({idx})"
             return (f"pl.BlockSpec({tuple(a.block)}, lambda {grid_args}: {idx}),  "
                     f"# {a.describe(gaxes)}")
@@ -404,7 +402,9 @@ class _Spelling:
                                    for o in plan.outputs),
             f"grid:    {grid}" + ("  (" + ", ".join(f"{g.axis}: {g.tiles} tiles of {g.tile}"
                                                    for g in plan.grid) + ")"
-                                  if plan.grid else ""),
+                                  if plan.grid else "")
+            + (f", launched in groups of {plan.raster.group} {plan.grid[plan.raster.rows].axis}"
+               f" tiles" if plan.raster else ""),
             "",
             "Run it with forward(*inputs, interpret=True) on a CPU, interpret=False on a GPU.",
             '"""',
@@ -450,6 +450,27 @@ class _Spelling:
                  True: jax.jit(forward, static_argnames=("interpret",),
                                compiler_options=INTERPRET_COMPILER_OPTIONS)}
         return Written(source, forward, calls, launch)
+
+
+def tile_indices(plan, ids: list[str]) -> list[str]:
+    """Per grid dimension, the expression of this program's tile from the launched grid's
+    indices ``ids``: the index itself, a raster's grouped order (see plan.Raster), counted
+    from the last tile where the dimension runs heaviest first."""
+    out = {}
+    for i, dims in zip(ids, plan.launch_dims):
+        if len(dims) == 1:
+            out[dims[0]] = i
+            continue
+        r = plan.raster
+        (rows, cols), g = r.tiles(plan.grid), r.group
+        width = g * cols  # programs per group: `g` row tiles × every column tile
+        first = f"{i} // {width} * {g}"
+        size = g if rows % g == 0 else f"jnp.minimum({rows} - {first}, {g})"
+        out[r.rows] = f"{first} + {i} % {width} % {size}"
+        out[r.cols] = f"{i} % {width} // {size}"
+    return [f"{g.tiles - 1} - ({out[d]})" if g.reverse and " " in out[d] else
+            f"{g.tiles - 1} - {out[d]}" if g.reverse else out[d]
+            for d, g in enumerate(plan.grid)]
 
 
 VALUES_PER_THREAD = 64  # of the largest tile: what 255 registers hold beside the rest
