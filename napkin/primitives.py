@@ -179,6 +179,11 @@ class Spec:
         explicitly need to add the new one."""
         return self
 
+    def unwoven(self, axis: str) -> Spec:
+        """The spec with a carried ``axis`` dropped (napkin.weave.unweave): the identity
+        but for specs that list axes or hold types or diagrams."""
+        return self
+
     def check_arity(self, ins):
         if self.n_in is not None and len(ins) != self.n_in:
             raise NapkinError(f"{self.label()} takes {self.n_in} input(s), got {len(ins)}")
@@ -215,6 +220,9 @@ class Contract(Spec):
 
     def woven(self, axis):
         return self if axis in self.out else Contract((axis, *self.out))
+
+    def unwoven(self, axis):
+        return Contract(tuple(a for a in self.out if a != axis))
 
     colour = "#d6e6f7"
 
@@ -599,6 +607,9 @@ class Fill(Spec):
 
     def relabelled(self, axis, size):
         return Fill(self.value, self.type.resize(axis, size)) if self.type.has(axis) else self
+
+    def unwoven(self, axis):
+        return Fill(self.value, self.type.without(axis)) if self.type.has(axis) else self
 
     def label(self):
         return f"fill({self.value:g})"

@@ -196,6 +196,10 @@ class Group(Spec):
             return self  # the body already sees the group size
         return Group(self.axis, self.size, relabel(self.body, axis, size), self.level)
 
+    def unwoven(self, axis):
+        from napkin.weave import unweave
+        return Group(self.axis, self.size, unweave(self.body, axis), self.level)
+
     def label(self):
         return f"group {self.axis} ({self.size}) @ {self.level}"
 
@@ -284,6 +288,11 @@ class Stream(Spec):
         return Stream(self.axis, self.chunk, relabel(self.init, axis, size),
                       relabel(self.update, axis, size), relabel(self.finalize, axis, size),
                       self.rule)
+
+    def unwoven(self, axis):
+        from napkin.weave import unweave
+        return Stream(self.axis, self.chunk, unweave(self.init, axis),
+                      unweave(self.update, axis), unweave(self.finalize, axis), self.rule)
 
     def label(self):
         return f"stream {self.axis} ({self.chunk}) [{self.rule}]"

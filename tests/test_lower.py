@@ -212,6 +212,28 @@ def test_causal_and_window_masks_skip_tiles():
     assert "tile skipping" not in kernel_for("attention").source(*shapes)
 
 
+def test_a_grid_axis_of_tile_one_leaves_the_kernel_body_when_every_box_only_carries_it():
+    """A unit grid axis (a head per program) is squeezed from every block and dropped from
+    the body (napkin.weave.unweave), so the kernel's tiles are 2-D as a hand-written one's;
+    an axis a box reads the index of (a causal mask's query) or reduces over stays."""
+    from napkin.weave import unweavable
+    mha = kernel_for("mha")  # g_h = 1
+    sizes = dict(h=3, q=40, x=24, d=16)
+    shapes = [(3, 40, 16), (3, 24, 16), (3, 24, 16)]
+    src = mha.source(*shapes)
+    assert mha.plan(*shapes).plan.body is not None
+    assert src.count("pl.BlockSpec((None, ") == 4 and "reshape" not in src, src
+    check("mha", mha, sizes)
+    causal = lower(derive("causal_attention", FLASH), dict(g_q=1, s_x=16), name="causal")
+    assert "reads the index of q" in unweavable(get("causal_attention").diagram(), "q")
+    assert unweavable(get("attention").diagram(), "q") == ""
+    assert "softmax_x reads the index of x" in unweavable(get("attention").diagram(), "x")
+    assert "reduces over v" in unweavable(get("logsumexp").diagram(), "v")
+    assert "None" not in causal.source((5, 16), (20, 16), (20, 16)).split("in_specs")[1]
+    xs = inputs("causal_attention", dict(q=5, x=20, d=16))  # interpret mode: M = 1 dots
+    assert rel_err(causal(*xs), get("causal_attention").reference(*xs)) <= TOL["f32"]
+
+
 def test_matmul_grids_launch_in_grouped_order():
     """A grid whose two dimensions each index an operand the other does not (matmul's
     A[a,b], B[b,c]) launches as one dimension in groups of 8 row tiles: every tile exactly
@@ -483,8 +505,6 @@ def test_num_warps_follow_the_largest_tile():
     assert "CompilerParams(num_warps=8, num_stages=2)" in pinned.source(*shapes)
 
 
-_UNIT_BATCH = ("a unit batch axis in the blocks (g_h = 1): Triton allocates 1.5x the shared "
-               "memory and spills; the lowering should squeeze it")
 CPU_PROOFS = [
     ("h100", "attention", None), ("h100", "causal_attention", None),
     ("h100", "sliding_window_attention", None), ("h100", "softcap_attention", None),
@@ -492,8 +512,9 @@ CPU_PROOFS = [
     ("h100", "gqa", dict(k=8, r=4, q=1024, x=1024, d=128, max_states=150)),  # a quick search
     ("h100", "logsumexp", None), ("h100", "cross_entropy", None),
     ("h200", "attention", dict(q=16384, x=16384, d=128)), ("h200", "matmul", None),
-    pytest.param("h100", "batched_matmul", None, marks=pytest.mark.xfail(
-        strict=True, reason=_UNIT_BATCH)),  # mha and mqa measure the same (RESULTS.md)
+    ("h100", "batched_matmul", None),  # a unit batch axis, squeezed from the blocks
+    ("h100", "mha", dict(h=16, q=4096, x=4096, d=128, max_states=300)),
+    ("h100", "mqa", dict(h=16, q=4096, x=4096, d=128, max_states=300)),
     pytest.param("h100", "linear_cross_entropy", None, marks=pytest.mark.xfail(
         strict=True, reason="Triton stages 8 KiB more than the model (a layout conversion "
                             "of the logits chunk): 17 % over")),

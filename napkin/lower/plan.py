@@ -34,6 +34,7 @@ from napkin.ir import primitive_boxes, to_graph
 from napkin.lower.emit import identifier
 from napkin.primitives import JNP_DTYPES, matmul_sides
 from napkin.semantics import bind_sizes
+from napkin.weave import unweavable, unweave
 
 
 def is_pow2(n: int) -> bool:
@@ -246,11 +247,24 @@ class ArrayPlan:
     index: tuple            # per dim: grid dimension or None (the whole axis)
     streamed: set = field(default_factory=set)
     whole: bool = False     # also used whole inside the kernel
+    squeezed: tuple = ()    # grid axes of tile 1 the block drops (the kernel never sees them)
+
+    @property
+    def names(self) -> tuple:
+        """The block's axes as the kernel sees them."""
+        return tuple(a for a in self.type.names if a not in self.squeezed)
+
+    @property
+    def kernel_block(self) -> tuple:
+        """The block as the kernel sees it."""
+        return tuple(b for a, b in zip(self.type.names, self.block) if a not in self.squeezed)
 
     def describe(self, grid_axes) -> str:
         parts = []
         for a, n, b in zip(self.type.names, self.shape, self.block):
-            if a in grid_axes:
+            if a in self.squeezed:
+                parts.append(f"{a}: one per program, squeezed")
+            elif a in grid_axes:
                 parts.append(f"{a}: tile of {b}")
             elif b != n:
                 parts.append(f"{a}: whole, padded to {b}, streamed")
@@ -304,6 +318,7 @@ class KernelPlan:
     env: dict               # size symbol -> value (axis sizes and tiles)
     sizes: dict             # axis name -> size
     notes: list
+    body: object            # the diagram the kernel runs: the program's body, squeezed axes out
     gpu_refusal: str = ""   # why it cannot run compiled (a tile makes a dot too small)
     raster: Raster | None = None  # two grid dimensions launched as one, grouped
 
@@ -384,8 +399,16 @@ class Planner:
             self.grid.append(GridAxis(loop.axis, tile, self.extent(loop)))
             if isinstance(loop.size, sympy.Symbol):
                 self.env[loop.size] = tile
+        # a grid axis run one index per program that every box only carries leaves the
+        # body: blocks squeeze it (a unit axis in a block costs Triton layout conversions
+        # through shared memory: 1.5x batched matmul's, and spills)
+        self.body, self.squeezed = self.st.body, []
+        for g in self.grid:
+            if g.tile == 1 and not unweavable(self.body, g.axis):
+                self.body = unweave(self.body, g.axis)
+                self.squeezed.append(g.axis)
         self.stream_loops = {}  # id(stream spec) -> its schedule loop
-        for box in boxes:
+        for box in stream_boxes(self.body):
             loop = next(lp for lp in streams if (lp.axis, lp.size) == (box.spec.axis,
                                                                        box.spec.chunk))
             streams.remove(loop)
@@ -398,14 +421,14 @@ class Planner:
         return int(sympy.sympify(loop.full).subs(self.env))
 
     def plan(self) -> KernelPlan:
-        streams = {id(box.spec): self.stream(box) for box in stream_boxes(self.st.body)}
+        streams = {id(box.spec): self.stream(box) for box in stream_boxes(self.body)}
         chunks = {}
         for s in streams.values():  # the first stream over an axis sets its block
             chunks.setdefault(s.axis, s.chunk)
         inputs = self.inputs(chunks)
         return KernelPlan(self.k.name, self.k.describe(), self.grid, inputs,
                           self.outputs(), streams, self.env, self.sizes, self.notes,
-                          self.small_dot(), self.raster(inputs))
+                          self.body, self.small_dot(), self.raster(inputs))
 
     def raster(self, inputs) -> Raster | None:
         """Grouped ordering for the first pair of grid dimensions that each index an input
@@ -423,6 +446,9 @@ class Planner:
                     return Raster(rows, cols, RASTER_GROUP)
         return None
 
+    def squeezed_of(self, t) -> tuple:
+        return tuple(a for a in t.names if a in self.squeezed)
+
     def small_dot(self) -> str:
         """Why the kernel cannot be compiled: a matrix product with a dimension under the
         backend's least dot that a tile makes so ("" when none).  Interpret mode runs such
@@ -430,7 +456,7 @@ class Planner:
         Triton's compile time explodes), so compiled kernels refuse it.  A whole axis that
         small is the problem's own size, not a choice: it runs as multiply-and-sum."""
         least, tiles = self.rules.dot_min, set(self.k.tiles)
-        for box in primitive_boxes(self.st.body):
+        for box in primitive_boxes(self.body):
             for what, axes in (matmul_sides(box) or {}).items():
                 at = {a: int(sympy.sympify(n).subs(self.env)) for a, n in axes}
                 extent = int(np.prod(list(at.values())))
@@ -488,7 +514,7 @@ class Planner:
                             f"or group or stream {a})")
                     block.append(n)
             out.append(ArrayPlan(names[i], t, shape, self.dtypes[p], tuple(block), tuple(index),
-                                 streamed, whole))
+                                 streamed, whole, self.squeezed_of(t)))
         return out
 
     def outputs(self) -> list:
@@ -515,7 +541,8 @@ class Planner:
                     block.append(n)
                     index.append(None)
             dtype = np.dtype(k.dtype if k.dtype is not None else JNP_DTYPES[t.dtype])
-            out.append(ArrayPlan(names[i], t, tuple(shape), dtype, tuple(block), tuple(index)))
+            out.append(ArrayPlan(names[i], t, tuple(shape), dtype, tuple(block), tuple(index),
+                                 squeezed=self.squeezed_of(t)))
         return out
 
     def stream(self, box) -> StreamPlan:

@@ -108,8 +108,8 @@ class _Spelling:
             if a in ip.streamed and ip.block[d] != ip.shape[d]:
                 raise NapkinError(f"{ip.name}: axis {a} is padded to {ip.block[d]} for streaming "
                                   f"and cannot be loaded whole")
-        mask = self.mask_for(ip.type.names)
-        aval = jax.ShapeDtypeStruct(ip.block, ip.dtype)
+        mask = self.mask_for(ip.names)
+        aval = jax.ShapeDtypeStruct(ip.kernel_block, ip.dtype)
         if mask is None:
             var = self.w.let(f"{ref}[...]", name=ip.name, aval=aval)
         else:
@@ -123,14 +123,14 @@ class _Spelling:
 
     def load_chunk(self, wire: RefWire, axis, start: Var, chunk: int, ok) -> Var:
         ip, ref = self.plan.inputs[wire.index], self.refs[wire.index]
-        idx, shape = [], list(ip.block)
-        for d, a in enumerate(ip.type.names):
+        idx, shape = [], list(ip.kernel_block)
+        for d, a in enumerate(ip.names):
             if a == axis:
                 idx.append(f"pl.ds({start}, {chunk})")
                 shape[d] = chunk
             else:
                 idx.append(":")
-        mask = self.mask_for(ip.type.names, (axis, ok))
+        mask = self.mask_for(ip.names, (axis, ok))
         aval = jax.ShapeDtypeStruct(tuple(shape), ip.dtype)
         where = ", ".join(idx)
         if mask is None:
@@ -358,16 +358,16 @@ class _Spelling:
                            comment=f"the last tile overhangs {g.axis}={g.size}")
                 self.scopes[0][("ok", g.axis)] = ok
         ctx = EvalContext(dict(plan.env), offsets, xp)
-        outs = self.run(self.k.structure.body, ctx, [RefWire(i) for i in range(len(plan.inputs))])
+        outs = self.run(plan.body, ctx, [RefWire(i) for i in range(len(plan.inputs))])
         w.line()
         for o, ref, val in zip(plan.outputs, self.refs[len(plan.inputs):], outs):
             if isinstance(val, RefWire):
                 val = self.load_whole(val)
-            if tuple(val.shape) != o.block:
+            if tuple(val.shape) != o.kernel_block:
                 raise NapkinError(f"output {o.name}: the body computes {val.shape}, the block "
-                                  f"is {o.block}")
+                                  f"is {o.kernel_block}")
             val = xp.astype(val, o.dtype)
-            mask = self.mask_for(o.type.names)
+            mask = self.mask_for(o.names)
             if mask is None:
                 w.line(f"{ref}[...] = {val}")
             else:
@@ -389,7 +389,8 @@ class _Spelling:
         def spec_line(a):
             idx = ", ".join("0" if j is None else tiles[j] for j in a.index)
             idx = f"({idx},)" if len(a.index) == 1 else f"({idx})"
-            return (f"pl.BlockSpec({tuple(a.block)}, lambda {grid_args}: {idx}),  "
+            block = tuple(None if n in a.squeezed else b for n, b in zip(a.type.names, a.block))
+            return (f"pl.BlockSpec({block}, lambda {grid_args}: {idx}),  "
                     f"# {a.describe(gaxes)}")
 
         head = [
