@@ -413,17 +413,22 @@ class Recorder:
     def mean(self, x, axis):
         return self.w.let(f"jnp.mean({{0}}, axis={axis})", x)
 
+    # a low-precision row is normalised in f32 (as the exp, division and sum of any
+    # low-precision op are), the result rounded once
     def logsumexp(self, x, axis):
+        dt, x = x.dtype, self.astype(x, np.float32)
         m = self.max(x, axis)
         e = self.exp(self.subtract(x, self.expand(m, axis)))
-        return self.w.let(f"{{0}} + jnp.log(jnp.sum({{1}}, axis={axis}))", m, e)
+        return self.astype(self.w.let(f"{{0}} + jnp.log(jnp.sum({{1}}, axis={axis}))", m, e),
+                           dt)
 
     def softmax(self, x, axis):
+        dt, x = x.dtype, self.astype(x, np.float32)
         m = self.max(x, axis)
         e = self.exp(self.subtract(x, self.expand(m, axis)))
         s = self.sum(e, axis)
-        p = self.w.let("{0} / {1}", e, self.expand(s, axis))
-        return self.guard(p, self.expand(m, axis))  # fully masked rows: zeros
+        # (Softmax.evaluate guards a fully masked row itself)
+        return self.astype(self.w.let("{0} / {1}", e, self.expand(s, axis)), dt)
 
     # structure ---------------------------------------------------------------
     def expand(self, x, axis):
