@@ -39,6 +39,19 @@ def test_shared_memory_is_the_tiles_plus_a_chunk_per_stage(d, g_q, s_x, stages2)
     assert k["smem_bytes"] == stages2 == 2 * g_q * d + 2 * (2 * 2 * s_x * d)
 
 
+ROWS = (("group_partition", (), {"axis": "n"}), ("stream_partition", (0,), {"axis": "v"}))
+
+
+@pytest.mark.parametrize("name, g_n, s_v, want", [
+    # X's tile, W's chunk per stage, and Y's chunk once: converted to the logits' dot layout
+    ("linear_cross_entropy", 64, 64, 2 * 64 * 128 + 2 * (2 * 128 * 64) + 2 * 64 * 64),
+    ("linear_cross_entropy", 64, 128, 2 * 64 * 128 + 2 * (2 * 128 * 128) + 2 * 64 * 128),
+    ("cross_entropy", 64, 128, 0)])  # no product: Y meets the loaded logits, nothing staged
+def test_a_chunk_that_meets_a_products_result_takes_one_conversion_buffer(name, g_n, s_v, want):
+    k, _ = launch_at(name, ROWS, dict(n=4096, v=32768, d=128), dict(g_n=g_n, s_v=s_v))
+    assert k["num_stages"] == 2 and k["smem_bytes"] == want
+
+
 def test_matmul_shared_memory_and_warps():
     k, _ = launch_at("matmul", MATMUL, dict(a=4096, b=4096, c=4096),
                      dict(g_a=128, g_c=256, s_b=128))

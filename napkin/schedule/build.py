@@ -421,6 +421,7 @@ class _Builder:
         up_dom = spec.update.dom.inside
         chunk_v, chunk_b, chunked = ZERO, ZERO, []
         staged_v, staged_b = ZERO, ZERO     # the chunks a contraction reads
+        scratch = ZERO                      # the largest chunk converted to a dot's layout
         up_graph = view(spec.update)
         up_ins = up_graph.graph["inputs"]
         for j, v in enumerate(node["ins"]):
@@ -434,6 +435,8 @@ class _Builder:
                 if _feeds_contraction(up_graph, up_ins[n_state + j]):
                     staged_v += cv * self.stages
                     staged_b += cb * self.stages
+                elif _meets_product(up_graph, up_ins[n_state + j]):
+                    scratch = cb if scratch == ZERO else sympy.Max(scratch, cb)
         state, nexts = [], []
         for o in spec.init.cod.inside:
             buf = self.buffer(o, L, "state", "state", name=o.name)
@@ -478,6 +481,7 @@ class _Builder:
         up.state = (sum((b.values for b in state), ZERO), sum((b.bytes for b in state), ZERO))
         up.chunk = (chunk_v, chunk_b)
         up.staged = (staged_v, staged_b)
+        up.scratch = scratch
         up.init, up.finalize = init, fin
         loop.children.append((i, up))
 
@@ -490,9 +494,7 @@ def _feeds_contraction(g, v) -> bool:
         node = g.nodes[c]
         spec = node["box"].spec
         if spec.kind == "contract":
-            ins = tuple(ob.type for ob in node["box"].dom.inside)
-            outs = tuple(ob.type for ob in node["box"].cod.inside)
-            if matmul_axes(ins, outs)[0]:
+            if _is_matmul(node):
                 return True
         elif spec.kind in ("group", "stream"):
             body = spec.body if spec.kind == "group" else spec.update
@@ -502,6 +504,28 @@ def _feeds_contraction(g, v) -> bool:
                 if u == v and _feeds_contraction(inner, inner.graph["inputs"][skip + j]):
                     return True
     return False
+
+
+def _meets_product(g, v) -> bool:
+    """Whether an elementwise box or a plain sum reads value ``v`` of graph ``g`` beside a
+    matrix product's result (or a value made from one elementwise): a GPU holds the product
+    in its tensor-core layout and converts ``v`` to it through shared memory."""
+    product, seen = set(), set()
+    for n in op_order(g):
+        node = g.nodes[n]
+        spec = node["box"].spec
+        made = spec.kind == "contract" and _is_matmul(node)
+        if made or (spec.elementwise and any(u in product for u in node["ins"])):
+            product.update(node["outs"])
+        if v in node["ins"] and not made and any(u in product for u in node["ins"] if u != v):
+            seen.add(n)
+    return bool(seen)
+
+
+def _is_matmul(node) -> bool:
+    ins = tuple(ob.type for ob in node["box"].dom.inside)
+    outs = tuple(ob.type for ob in node["box"].cod.inside)
+    return bool(matmul_axes(ins, outs)[0])
 
 
 def _graph_io(D) -> list:

@@ -188,6 +188,7 @@ class Loop:
     state: tuple = (ZERO, ZERO)
     chunk: tuple = (ZERO, ZERO)
     staged: tuple = (ZERO, ZERO)   # of the chunk, what contractions read
+    scratch: sympy.Expr = ZERO     # bytes of shared memory a chunk's layout conversion takes
     init: Loop | None = None
     finalize: Loop | None = None
 
@@ -247,7 +248,7 @@ class Loop:
         """A stream's memory at its level (state + max(update + one chunk, finalize)) and
         the deeper levels of its bodies (``part`` as in :meth:`peaks`)."""
         up, fin, init = self.peaks(part), self.finalize.peaks(part), self.init.peaks(part)
-        chunk = {"all": self.chunk, "staged": self.staged,
+        chunk = {"all": self.chunk, "staged": (self.staged[0], self.staged[1] + self.scratch),
                  "held": tuple(a - b for a, b in zip(self.chunk, self.staged))}[part]
         state = self.state if part != "staged" else (ZERO, ZERO)
         here = Peak()
