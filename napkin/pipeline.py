@@ -84,9 +84,27 @@ class Optimized:
         """The program as a JAX function with these tiles and launch parameters.
         ``dtype``: the kernel's input and output dtype (default: the searched one)."""
         from napkin.lower import lower
+        self._check_divisibility(backend)
         return lower(self.program, self.tiles, backend=backend, interpret=interpret,
                      dtype=dtype or self.dtype, name=self.name.rpartition(":")[2],
                      schedule=self.schedule, **self.launch)  # FILE.py:NAME -> NAME
+
+    def _check_divisibility(self, backend: str) -> None:
+        """One line when the hardware's divisibility (its tensor-core shape) and the
+        backend's block rules leave no tile for an axis: a multiple of 96 is never a power
+        of two, so the search's tile could not be written, and no other tile could."""
+        from napkin.lower.backends import get_backend
+        rules = get_backend(backend).rules
+        for t, info in self.cost.tiles.items():
+            value = self.tiles.get(t.name)
+            if value is None or rules.size_ok(value) or rules.size_ok(info.multiple):
+                continue
+            why = ", ".join(f"{r} = {m}" for r, m in info.multiples)
+            raise NapkinError(
+                f"hardware {self.hardware.name!r} asks tiles of {info.axis} ({t.name}) in "
+                f"multiples of {info.multiple} ({why}), and the {rules.name} backend writes "
+                f"power-of-two tiles only: no tile is both; give the hardware a power-of-two "
+                f"divisibility for {info.axis}")
 
     def fit(self, sizes: dict) -> Optimized:
         """This program at other (smaller) sizes, its tiles shrunk to powers of two of at

@@ -216,3 +216,20 @@ def test_the_model_ranks_the_measured_tile_sweep():
                     and r["case"].startswith(kind)]
             if mine:
                 assert mine[0] <= 1.1 * min(measured), (name, kind)
+
+
+def test_a_tensor_core_shape_no_backend_tile_fits_is_one_line(tmp_path):
+    """A hardware file whose tensor cores take 96 rows: the optimiser's tiles are multiples
+    of 96, which the Triton backend (power-of-two blocks) cannot write; asking for the
+    kernel names the axis, the multiple and its reasons in one line."""
+    from napkin.pipeline import optimize
+    text = get_hardware("h100").to_toml().replace('"mma_m" = 64', '"mma_m" = 96')
+    assert '"mma_m" = 96' in text
+    path = tmp_path / "odd.toml"
+    path.write_text(text)
+    opt = optimize("attention", str(path), dict(q=1024, x=1024, d=128), max_states=200)
+    assert opt.tiles["g_q"] % 96 == 0
+    with pytest.raises(NapkinError, match=r"asks tiles of q \(g_q\) in multiples of 96 "
+                                          r"\(dot_min = 16, mma_m = 96\), and the Triton backend "
+                                          r"writes power-of-two tiles only"):
+        opt.kernel()
