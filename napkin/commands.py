@@ -465,8 +465,10 @@ def _run(args) -> int:
     sizes = sizes_for(diagram, {k: v for k, v in base.items() if k in _axes(diagram)}, "--size")
     print(f"{name}: sizes " + ", ".join(f"{k}={v}" for k, v in sizes.items())
           + (" (interpret mode: small default sizes)" if small and not given else ""))
-    # a small run keeps the program found at full scale, its tiles shrunk to the run
-    full = {a: DEFAULT_SIZES.get(a, n) for a, n in sizes.items()} if small else sizes
+    # a small run keeps the program found at full scale, its tiles shrunk to the run; an
+    # axis the user sized is searched at that size
+    full = {a: n if a in given else DEFAULT_SIZES.get(a, n) for a, n in sizes.items()} \
+        if small else sizes
     opt = optimized(args, name, diagram, sizes=full)
     opt = opt.fit(sizes) if small else opt
     print("chain: " + " → ".join(str(m) for m in opt.chain))

@@ -82,6 +82,19 @@ def test_run_matches_reference(capsys):
     assert "verified" in out and "max relative error" in out and "HBM bytes" in out
 
 
+def test_run_searches_at_the_sizes_the_user_gives(capsys, monkeypatch):
+    """Interpret mode runs small, searching unsized axes at the library's defaults (the
+    program found at full scale) — but an axis the user sizes is searched at that size."""
+    import napkin.commands as commands
+    searched = []
+    real = commands.optimized
+    monkeypatch.setattr(commands, "optimized", lambda *a, **k: searched.append(k["sizes"])
+                        or real(*a, **k))
+    status, out, _ = run(capsys, "run", "softmax", "--size", "v=512")
+    assert status == 0, out
+    assert searched == [{"n": 4096, "v": 512}], searched  # n: the library's default
+
+
 def test_lower_emits_source_that_compiles(capsys, tmp_path):
     path = tmp_path / "kernel.py"
     status, out, _ = run(capsys, "lower", "matmul", "--size", "a=128", "--size", "b=128",
