@@ -51,6 +51,7 @@ import hashlib
 import importlib.machinery
 import importlib.util
 import json
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -251,10 +252,14 @@ def load_algorithm(spec, base: Path | None = None) -> Source:
     if mod_spec is None or mod_spec.loader is None:
         raise CertificateError(f"algorithm file {path} cannot be loaded as a Python module")
     module = importlib.util.module_from_spec(mod_spec)
+    folder = str(path.resolve().parent)
+    sys.path.insert(0, folder)  # as `python FILE.py` runs it: a module beside it imports
     try:
         mod_spec.loader.exec_module(module)
     except (Exception, SystemExit) as e:  # noqa: BLE001 - a user's file: report what it raised
         raise CertificateError(f"cannot load {path}: {type(e).__name__}: {e}") from None
+    finally:
+        sys.path.remove(folder)
     try:
         obj = getattr(module, name)
     except AttributeError:
@@ -483,7 +488,17 @@ class Certificate:
         return cls.from_json(read_text(path), origin=path.resolve().parent)
 
     def save(self, path) -> None:
-        Path(path).write_text(self.to_json(), encoding="utf-8")
+        """Write the certificate to ``path``.  A ``from`` file is named relative to the
+        certificate's folder, where a checker looks for it (it was named relative to the
+        folder the certificate was made in, ``origin``)."""
+        cert = self
+        if isinstance(self.algorithm, dict) and self.origin is not None:
+            file, _, name = self.algorithm["from"].rpartition(":")
+            where = Path(file) if Path(file).is_absolute() else Path(self.origin) / file
+            folder = Path(path).resolve().parent
+            rel = os.path.relpath(where.resolve(), folder)
+            cert = dataclasses.replace(self, algorithm={"from": f"{rel}:{name}"}, origin=folder)
+        Path(path).write_text(cert.to_json(), encoding="utf-8")
 
 
 def read_text(path: Path) -> str:

@@ -37,7 +37,14 @@ def parse_sizes(items: list[str]) -> dict[str, int]:
 
 
 def load(spec: str | None, from_: str | None):
-    """(name, diagram, certificate or None) for ALGO, a certificate path, or --from.
+    """(name, diagram, certificate or None) for ALGO, a certificate path, or --from."""
+    return load_with_source(spec, from_)[:3]
+
+
+def load_with_source(spec: str | None, from_: str | None):
+    """(name, diagram, certificate or None, napkin.certificate.Source: the diagram's builder
+    and, where the algorithm states one, its independent reference) for ALGO, a
+    certificate path, or --from.
 
     A --from file, or the from-file of a certificate, is the user's own code:
     it runs in this process.  Whatever goes wrong reading either is a
@@ -49,7 +56,7 @@ def load(spec: str | None, from_: str | None):
                               f"dtype -> diagram, in FILE.py), got {from_!r}")
         try:
             src = load_algorithm({"from": from_}, Path.cwd())
-            return from_, src.build("f32"), None
+            return from_, src.build("f32"), None, src
         except NapkinError as e:
             raise NapkinError(f"--from {from_}: {e}") from None
     if spec is None:
@@ -61,11 +68,11 @@ def load(spec: str | None, from_: str | None):
             raise NapkinError(f"certificate {spec!r}: {e}") from None
         try:
             src = load_algorithm(cert.algorithm, cert.origin)
-            return str(cert.algorithm), src.build(cert.dtype), cert
+            return str(cert.algorithm), src.build(cert.dtype), cert, src
         except NapkinError as e:
             raise NapkinError(f"certificate {spec!r}: algorithm: {e}") from None
-    from napkin.library import get
-    return spec, get(spec).diagram(), None
+    src = load_algorithm(spec)
+    return spec, src.build("f32"), None, src
 
 
 def optimized(args, name, diagram, cert=None, sizes=None, **options):
@@ -369,13 +376,16 @@ def run_and_compare(kernel, alg, diagram, sizes, dtype, interpret):
     from napkin.sampling import sample
     from napkin.semantics import evaluate
     rng = np.random.default_rng(0)
-    xs64 = alg.sample(rng, sizes) if alg is not None else sample(diagram, sizes, rng)
+    # the algorithm's own sampler and independent reference where it states them (a library
+    # algorithm, an Algorithm in a --from file); else random normals and the diagram's meaning
+    sampler = getattr(alg, "sample", None)
+    xs64 = sampler(rng, sizes) if sampler is not None else sample(diagram, sizes, rng)
     xs = [jnp.asarray(x, JNP_DTYPES[dtype]) for x in xs64]
     kernel(*xs, interpret=interpret)  # compile
     t0 = time.perf_counter()
     y = jax.block_until_ready(kernel(*xs, interpret=interpret))
     wall = time.perf_counter() - t0
-    reference = alg.reference if alg is not None else evaluate(diagram)
+    reference = getattr(alg, "reference", None) or evaluate(diagram)
     with jax.enable_x64(True):
         ref = np.asarray(reference(*[jnp.asarray(x, jnp.float64) for x in xs]), np.float64)
     y = np.asarray(jnp.asarray(y, jnp.float32), np.float64)
@@ -457,7 +467,7 @@ def _run(args) -> int:
     from napkin.library import DEFAULT_SIZES
     from napkin.lower import hbm_bytes
     args.dtype = kernel_dtype(args.dtype)  # before any search
-    name, diagram, _ = load(args.algorithm, args.from_)
+    name, diagram, _, source = load_with_source(args.algorithm, args.from_)
     given = parse_sizes(args.size)
     interpret = _interpret(args.interpret)
     small = interpret is True or (interpret == "auto" and not _on_gpu())
@@ -479,8 +489,7 @@ def _run(args) -> int:
     if not report.ok:
         raise NapkinError(f"the derived certificate does not check: {report}")
     k = opt.kernel(args.backend)
-    err, wall = run_and_compare(k, None if args.from_ else _library(name), diagram, sizes,
-                                args.dtype, interpret)
+    err, wall = run_and_compare(k, source, diagram, sizes, args.dtype, interpret)
     tol = TOL.get(args.dtype, 2e-2)
     model = opt.cost.evaluate({**sizes, **{str(t): v for t, v in k.tiles.items()}})
     level = list(model["transfers_bytes"])[-1]
@@ -497,11 +506,6 @@ def _run(args) -> int:
 def _axes(diagram):
     from napkin.certificate import size_symbols
     return size_symbols(diagram)
-
-
-def _library(name):
-    from napkin.library import LIBRARY
-    return LIBRARY.get(name)
 
 
 DEMO_ALGORITHM = '''"""Attention, as `napkin demo` states it.

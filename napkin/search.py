@@ -256,8 +256,9 @@ class Evaluator:
             best, feasible = grid.best(self.objective)
             state.cost, state.grid = c, grid
             state.feasible = feasible
-            from napkin.lower.plan import unlowerable  # (jax: imported once, when first used)
-            state.unlowerable = unlowerable(state.program)
+            from napkin.lower.backends import get_backend  # (jax: imported once, when used)
+            from napkin.lower.plan import unlowerable
+            state.unlowerable = unlowerable(state.program, self.sizes, get_backend().rules)
             if feasible:  # (a program that does not fit has no time, nor traffic to price)
                 state.time_s = float(grid.time[best])
                 state.bytes = float(grid.Hb[best])

@@ -339,6 +339,41 @@ def test_algorithm_from_a_user_file(tmp_path):
     assert report.step == 0 and "not found" in report.reason
 
 
+def test_a_from_file_is_named_relative_to_the_certificate(tmp_path, monkeypatch, capsys):
+    """`napkin optimize --from algos.py:mm --certificate sub/c.json` names the file as the
+    certificate's folder sees it (../algos.py), so it checks from any working folder."""
+    from napkin.cli import main
+    (tmp_path / "algos.py").write_text(
+        "import napkin as nk\nfrom napkin import ops\na, b, c = nk.axes('a b c')\n\n\n"
+        "@nk.algorithm(A=(a, b), B=(b, c))\ndef mm(A, B):\n"
+        "    return ops.contract(A, B, out=(a, c), name='AB')\n")
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert main(["optimize", "--from", "algos.py:mm", "--size", "a=256", "--size", "b=256",
+                 "--size", "c=256", "--certificate", "sub/c.json"]) == 0
+    assert json.loads((tmp_path / "sub" / "c.json").read_text())["algorithm"] == {
+        "from": "../algos.py:mm"}
+    for folder in (tmp_path, tmp_path / "sub", tmp_path.parent):
+        monkeypatch.chdir(folder)
+        assert check_paths([tmp_path / "sub" / "c.json"], numeric=False)[:2] == (1, 0)
+    capsys.readouterr()
+
+
+def test_a_from_file_imports_a_module_beside_it(tmp_path, monkeypatch):
+    """A --from file may import its own helpers from its folder, wherever napkin runs."""
+    from napkin.certificate import load_algorithm
+    (tmp_path / "shapes_helper.py").write_text("import napkin as nk\nAXES = nk.axes('a b c')\n")
+    (tmp_path / "algos.py").write_text(
+        "from napkin import ops\nimport napkin as nk\nfrom shapes_helper import AXES\n"
+        "a, b, c = AXES\n\n\n@nk.algorithm(A=(a, b), B=(b, c))\ndef mm(A, B):\n"
+        "    return ops.contract(A, B, out=(a, c), name='AB')\n")
+    monkeypatch.chdir(tmp_path.parent)
+    before = list(sys.path)
+    src = load_algorithm({"from": "algos.py:mm"}, tmp_path)
+    assert [ob.name for ob in src.build("f32").dom.inside] == ["A", "B"]
+    assert sys.path == before  # the file's folder was on the path only while it loaded
+
+
 def test_malformed_fields_are_named():
     data = stored("flash_attention")
     data["sizes"]["q"] = "big"

@@ -249,6 +249,24 @@ def test_a_low_precision_row_softmax_normalises_in_f32_and_lowers_for_cuda(g_n):
     assert "__gpu$xla.gpu.triton" in export_cuda(kernel, [x.shape for x in xs])
 
 
+def test_a_whole_axis_the_backend_cannot_block_makes_a_program_unlowerable_to_the_search():
+    """An axis every program loads whole must be a power of two for Triton: at x = 96 the
+    grouped-only attention is unlowerable (a premise the search reads, so it returns the
+    streamed program, which pads and masks x), at x = 128 it lowers."""
+    from napkin.lower.backends import get_backend
+    from napkin.lower.plan import unlowerable
+    from napkin.search import search
+    rules = get_backend().rules
+    grouped = derive("attention", FLASH[:1])
+    assert unlowerable(grouped, dict(q=96, x=96, d=16), rules) == (
+        "axis x=96 is loaded or written whole by every program; the Triton backend needs a "
+        "power of two")
+    assert unlowerable(grouped, dict(q=96, x=128, d=16), rules) == ""
+    assert unlowerable(derive("attention", FLASH), dict(q=96, x=96, d=16), rules) == ""
+    best = search(get("attention").diagram(), "h100", dict(q=96, x=96, d=16), "f32").best
+    assert "stream_partition" in [m.rule for m in best.chain] and not best.unlowerable
+
+
 def test_matmul_grids_launch_in_grouped_order():
     """A grid whose two dimensions each index an operand the other does not (matmul's
     A[a,b], B[b,c]) launches as one dimension in groups of 8 row tiles: every tile exactly

@@ -155,6 +155,45 @@ def sigmoid_attention(Q, K, V, bias):
     assert "stream_partition" in out and "max relative error" in out
 
 
+@pytest.mark.parametrize("reference, ok", [("jax.nn.sigmoid(Q @ K.T) @ V", True),
+                                           ("jax.nn.sigmoid(Q @ K.T) @ V * 1.01", False)])
+def test_run_from_a_file_compares_with_the_files_own_reference(capsys, tmp_path, monkeypatch,
+                                                               reference, ok):
+    """An Algorithm in a --from file carries an independent reference: `napkin run` checks
+    the kernel against it (a wrong one fails the run), not only against the diagram."""
+    (tmp_path / "mine.py").write_text(f'''
+import jax
+import napkin as nk
+from napkin import ops
+from napkin.library import Algorithm
+q, x, d = nk.axes("q x d")
+
+
+def build(dtype="f32"):
+    @nk.algorithm(Q=(q, d), K=(x, d), V=(x, d), dtype=dtype)
+    def sigmoid_attention(Q, K, V):
+        P = ops.sigmoid(ops.contract(Q, K, out=(q, x), name="QK^T"))
+        return ops.contract(P, V, out=(q, d), name="PV")
+    return sigmoid_attention
+
+
+mine = Algorithm("mine", "sigmoid attention", build, lambda Q, K, V: {reference})
+''')
+    import napkin.commands as commands
+    compared = []
+    real = commands.run_and_compare
+    monkeypatch.setattr(commands, "run_and_compare",
+                        lambda k, alg, *a: compared.append(alg) or real(k, alg, *a))
+    status, out, err = run(capsys, "run", "--from", f"{tmp_path / 'mine.py'}:mine",
+                           "--size", "q=64", "--size", "x=64", "--size", "d=16")
+    assert (status == 0) == ok, (out, err)
+    if ok:
+        (alg,) = compared
+        assert alg.label.endswith("mine.py:mine") and alg.reference is not None
+    else:  # the certificate's check already holds the diagram to the file's reference
+        assert "the algorithm's diagram itself disagrees with its reference" in err
+
+
 @pytest.mark.parametrize("name,sizes,tiles", [
     ("attention", dict(q=128, x=128, d=32), {"g_q": 32, "s_x": 16}),
     ("matmul", dict(a=128, b=64, c=128), {"g_a": 32, "g_c": 32, "s_b": 16}),

@@ -109,17 +109,34 @@ def peel(program) -> Structure:
     return Structure(groups, d, in_map, out_map)
 
 
-def unlowerable(program) -> str:
+def unlowerable(program, sizes: dict | None = None, rules: BlockRules | None = None) -> str:
     """Why the kernel backends cannot write ``program`` as one kernel ("" when they can):
     they spell one grid of groups with streams inside; a group inside the body (or a
-    program of several kernels, which is one) has no spelling yet."""
+    program of several kernels, which is one) has no spelling yet.  With ``sizes`` and a
+    backend's ``rules``: an axis every program loads or writes whole must be a size the
+    backend's blocks take (Triton: a power of two; grouped and streamed axes are tiled
+    and masked, so any size does)."""
     try:
-        box = group_in_body(peel(program))
+        structure = peel(program)
+        box = group_in_body(structure)
     except NapkinError as e:
         return str(e)
     if box is not None:
         return (f"{box.name}: a group below the grid (inside the kernel body) or a program "
                 f"of several kernels")
+    if sizes is None or rules is None:
+        return ""
+    tiled = {g.axis for g in structure.groups} | \
+        {b.spec.axis for b in stream_boxes(structure.body)}
+    body = structure.body
+    for t in array_types(body.dom) + array_types(body.cod):
+        for a in t.axes:
+            n = sympy.sympify(a.size)
+            n = sympy.sympify(n.xreplace({f: sympy.Integer(sizes[str(f)])
+                                          for f in n.free_symbols if str(f) in sizes}))
+            if a.name not in tiled and n.is_Integer and not rules.size_ok(int(n)):
+                return (f"axis {a.name}={int(n)} is loaded or written whole by every program; "
+                        f"the {rules.name} backend needs a power of two")
     return ""
 
 
