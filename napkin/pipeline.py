@@ -84,10 +84,17 @@ class Optimized:
         """The program as a JAX function with these tiles and launch parameters.
         ``dtype``: the kernel's input and output dtype (default: the searched one)."""
         from napkin.lower import lower
+        from napkin.lower.backends import get_backend
         self._check_divisibility(backend)
+        chosen = self.search.best.tiles.launch
+        own = get_backend(backend).launch
+        # a program of several kernels: each launched as the cost model chose for it
+        launches = [{k: v for k, v in c.items() if k in own} for c in chosen] \
+            if len(chosen) > 1 else None
         return lower(self.program, self.tiles, backend=backend, interpret=interpret,
                      dtype=dtype or self.dtype, name=self.name.rpartition(":")[2],
-                     schedule=self.schedule, **self.launch)  # FILE.py:NAME -> NAME
+                     schedule=self.schedule, launches=launches,
+                     **self.launch)  # FILE.py:NAME -> NAME
 
     def _check_divisibility(self, backend: str) -> None:
         """One line when the hardware's divisibility (its tensor-core shape) and the

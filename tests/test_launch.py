@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from napkin.cost import cost
+from napkin.cost import cost, value_at
 from napkin.cost.launch import Launches
 from napkin.cost.optimize import Grid, optimize_tiles
 from napkin.errors import NapkinError
@@ -117,16 +117,27 @@ def test_a_budget_no_tile_fits_names_the_smallest():
     assert not t.feasible and "B of shared memory per block (limit 8,192)" in t.why
 
 
-def test_a_group_inside_a_block_does_not_launch():
+def test_a_group_inside_a_block_is_a_loop_the_block_runs():
+    """A group beside other boxes of a kernel's body is a loop inside the block: its tiles
+    are sequential steps of each block (not more blocks), and the kernel writes it so."""
+    from napkin.lower import lower
+    from napkin.lower.plan import unlowerable
     from napkin.region import Site
     from rewrites import RULES
     P = program("attention", (("group_partition", (), {"axis": "q"}),))
     P = RULES["group_partition"].apply(P, Site((0,), (3,)), {"axis": "d"})  # P·V over d
     c = cost(P, H100, "bf16")
     (res,) = kernels(c.schedule)
-    assert res.inner_group == "d"
-    t = optimize_tiles(c, sizes=dict(q=1024, x=1024, d=128))
-    assert not t.feasible and "group d inside a block's body" in t.why
+    env = dict(q=1024, x=1024, d=128, g_q=64, g_d=32)
+    assert value_at(res.ctas, env) == 1024 / 64 and value_at(res.steps, env) == 128 / 32
+    t = optimize_tiles(c, sizes=dict(q=1024, x=128, d=128))  # (K and V whole on chip)
+    assert t.feasible and not unlowerable(P)
+    sizes = dict(q=40, x=24, d=48)
+    xs = get("attention").sample(np.random.default_rng(0), sizes)
+    kernel = lower(P, dict(g_q=16, g_d=16), interpret=True)
+    assert "lax.fori_loop(0, 3, d_tile, 0)" in kernel.source(*[x.shape for x in xs])
+    np.testing.assert_allclose(np.asarray(kernel(*xs)), get("attention").reference(*xs),
+                               rtol=1e-5, atol=1e-6)
 
 
 def test_the_paper_objective_keeps_the_capacity_model():

@@ -13,8 +13,8 @@ of a :class:`napkin.cost.optimize.Grid`, for a profile whose ``register_budget``
   is infeasible (the reason says by how much).  Registers beyond the budget spill: the
   compiler still builds the kernel, and the spilled bytes are stored and loaded again every
   step, which the time prices at the HBM rate; such a point is chosen only where every
-  point of the program spills.  A group inside a block's body (below the
-  groups that make the grid) has no launch: such a program does not fit.
+  point of the program spills.  A group inside a block's body (beside other boxes, below
+  the groups that make the grid) is a loop the block runs: its trips are sequential steps.
 * **occupancy and waves** — blocks per SM (shared memory, registers, ``max_blocks_per_sm``);
   a grid of B blocks on S SMs with k blocks each runs ceil(B / (S·k)) waves; the chip's
   useful fraction is B / (waves·S·k), or the busy SMs' share when one partial wave leaves
@@ -141,9 +141,6 @@ class Launches:
         # the reason is words for one point (a grid's worth of strings would cost seconds)
         why = "" if n != 1 or fits[0] else \
             f"{int(smem1[0]):,} B of shared memory per block (limit {int(limit):,})"
-        if k.inner_group:  # no launch spreads a group's instances inside a block
-            fits = np.zeros(n, bool)
-            why = f"group {k.inner_group} inside a block's body (a block runs steps and streams)"
         # registers beyond the budget spill to local memory (the compiler still builds the
         # kernel; it is slow): priced below, out and back every step
         spilled = np.maximum(regs - hw.register_budget, 0) * 4 * THREADS_PER_WARP * warps

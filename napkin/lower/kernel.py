@@ -4,7 +4,8 @@ One generic lowering, no per-algorithm kernels, in two parts:
 
 * :mod:`napkin.lower.plan` decides, for concrete shapes, everything about the kernel:
   the grid (the groups at the top of the program), every array's block and index map,
-  every stream's full chunks, ragged tail and tile skipping, and the neutral elements
+  every stream's full chunks, ragged tail and tile skipping, the loops over groups inside
+  the body, the whole axes padded to a block the backend takes, and the neutral elements
   that pad a ragged tail's reductions;
 * a backend (:mod:`napkin.lower.backends`; ``triton`` today) spells that plan, writing
   every box through :func:`napkin.semantics.box_function` with a recording array
@@ -18,6 +19,12 @@ not divide runs its full chunks unmasked and one ragged tail in which every box 
 reduces the axis sees padded positions as its neutral element (0 for sums and
 contractions, −∞ for max / logsumexp / softmax): reduce(where(valid, x, e)) is the
 reduction over the valid prefix, which is what ``Stream.evaluate`` computes.
+
+A whole axis of a size the backend's blocks cannot take (Triton: not a power of two — a
+head dimension of 20, 3 query heads per KV head, a 32,000-token vocabulary) is padded to the
+next block the backend takes, and masked the same way.  A tile that covers its whole axis
+is one such padded tile.  A program of several kernels (several top-level boxes) lowers to
+a sequence of kernels, :class:`napkin.lower.program.LoweredProgram`.
 
 Tile skipping: when a stream's update holds causal / window masks with the streamed
 axis as key axis, the loop visits only the chunks that hold a kept key for some row of
@@ -35,8 +42,8 @@ import sympy
 from napkin.arrays import array_types, canonical_dtype
 from napkin.errors import NapkinError, ShapeError
 from napkin.lower.backends import DEFAULT, Written, get_backend
-from napkin.lower.plan import KernelPlan, Planner, group_in_body, peel, stream_boxes
-from napkin.primitives import JNP_DTYPES
+from napkin.lower.plan import KernelPlan, Planner, loop_boxes, peel
+from napkin.primitives import FLOATING, JNP_DTYPES
 
 
 def _symbol(key):
@@ -106,8 +113,9 @@ class LoweredKernel:
 
     def __init__(self, program, tiles: dict, *, backend: str = DEFAULT, interpret="auto",
                  dtype=None, f32_precision: str = "highest", name: str | None = None,
-                 schedule=None, hardware="h100", **launch):
+                 schedule=None, hardware="h100", suffix: str = "", **launch):
         self.program = program
+        self.suffix = suffix  # appended to the module's names (a program's kernels share one)
         self.backend = get_backend(backend)
         unknown = set(launch) - set(self.backend.launch)
         if unknown:
@@ -136,13 +144,11 @@ class LoweredKernel:
         self.in_names = [ob.name for ob in program.dom.inside]
         for spec in self.structure.groups:
             self.size_of(spec.size, f"group {spec.axis}")
-        box = group_in_body(self.structure)
-        if box is not None:
-            raise NapkinError(f"{box.name}: a group below the grid (inside the kernel body) "
-                              f"is not supported by the {self.backend.rules.name} lowering")
-        self._streams = [box.spec for box in stream_boxes(self.structure.body)]
-        for spec in self._streams:
-            self.size_of(spec.chunk, f"stream {spec.axis}")
+        self._loops = [box.spec for box in loop_boxes(self.structure.body)]
+        self._streams = [spec for spec in self._loops if spec.kind == "stream"]
+        for spec in self._loops:
+            self.size_of(spec.chunk if spec.kind == "stream" else spec.size,
+                         f"{spec.kind} {spec.axis}")
         if schedule is None:
             from napkin.schedule import build
             schedule = build(program, hardware, stages=self.launch.get("num_stages", 1))
@@ -153,7 +159,12 @@ class LoweredKernel:
         self._last = None
 
     # ------------------------------------------------------------ sizes
-    def size_of(self, size, what: str) -> int:
+    def size_of(self, size, what: str, extent: int | None = None) -> int:
+        """The value of a tile or chunk ``size``.  With the ``extent`` it tiles (at concrete
+        shapes): the size the kernel writes — the value itself when the backend's blocks take
+        it, else, for a tile that covers the whole extent (one tile: the search offers the
+        axis's own size), the least block the backend takes above the extent (the tile
+        overhangs the array and is masked); any other size is refused."""
         if isinstance(size, (int, np.integer)) or getattr(size, "is_Integer", False):
             value = int(size)
             name = f"{what} size"
@@ -162,16 +173,21 @@ class LoweredKernel:
             if sym not in self.tiles:
                 raise NapkinError(f"{what}: no tile size for {sym} (pass tiles={{'{sym}': 64}})")
             value, name = int(self.tiles[sym]), f"tile {sym}"
-        if not self.backend.rules.size_ok(value):
-            raise NapkinError(f"{name}={value} must be a power of two for the "
-                              f"{self.backend.rules.name} backend")
-        return value
+        rules = self.backend.rules
+        if extent is None or rules.size_ok(value):
+            return value
+        if value >= extent:
+            return rules.block(extent, 1)
+        raise NapkinError(f"{name}={value} must be a power of two for the {rules.name} backend "
+                          f"(or cover the whole axis, {extent})")
 
     def describe(self) -> str:
         parts = [f"group {s.axis} ({s.size}={self.size_of(s.size, '')})"
                  for s in self.structure.groups]
         parts += [f"stream {s.axis} ({s.chunk}={self.size_of(s.chunk, '')}, {s.rule})"
-                  for s in self._streams]
+                  if s.kind == "stream" else
+                  f"loop over group {s.axis} ({s.size}={self.size_of(s.size, '')})"
+                  for s in self._loops]
         return " > ".join(parts) or "one program"
 
     @property
@@ -204,9 +220,31 @@ class LoweredKernel:
     # ------------------------------------------------------------ specialisation
     def dtypes(self) -> list:
         """The kernel's input dtypes: the override, or the program's types."""
-        if self.dtype is not None:
-            return [self.dtype] * len(self.in_types)
-        return [np.dtype(JNP_DTYPES[t.dtype]) for t in self.in_types]
+        return self.dtypes_for(self.in_types)
+
+    def dtypes_for(self, types) -> list:
+        """Dtypes of arrays of these types in the kernel: the override for floating ones
+        (integer and boolean arrays — labels, indices — keep their own), else the types'."""
+        return [self.dtype if self.dtype is not None and t.dtype in FLOATING
+                else np.dtype(JNP_DTYPES[t.dtype]) for t in types]
+
+    def symbol(self, name: str) -> str:
+        """A name of the written module (``kernel``, ``forward``, ``GRID``) with the suffix
+        that sets this kernel's apart in a program's module."""
+        return f"{name}{self.suffix}"
+
+    def out_shapes(self, spec: Specialised) -> list:
+        """The program's output shapes, in its order, for a specialised kernel."""
+        return [spec.out_shapes[m] for m in self.structure.out_map]
+
+    def namespaced_source(self, spec: Specialised) -> str:
+        """The kernel's definitions without the module header (a program's module holds
+        several, each named with its suffix)."""
+        return spec.written.definitions
+
+    def parts(self, shapes) -> list:
+        """(kernel, input shapes) for every launch: this one (a program has several)."""
+        return [(self, [tuple(s.shape if hasattr(s, "shape") else s) for s in shapes])]
 
     def plan(self, *shapes) -> Specialised:
         """The kernel for inputs of these shapes (tuples, arrays or ShapeDtypeStructs)."""
@@ -261,8 +299,10 @@ class LoweredKernel:
 
 
 def lower(program, tiles: dict, *, backend: str = DEFAULT, interpret="auto", dtype=None,
-          **options) -> LoweredKernel:
-    """Lower a streamed program to a Pallas kernel.
+          **options):
+    """Lower a streamed program to a Pallas kernel (:class:`LoweredKernel`), or, for a program
+    of several kernels, to a sequence of kernels (:class:`napkin.lower.program.LoweredProgram`)
+    with the values between them in HBM.
 
     ``tiles``: the size of every group / chunk symbol (``{"g_q": 64, "s_x": 64}``;
     powers of two for Triton).  ``backend``: a name in ``napkin.lower.backends.BACKENDS``.
@@ -272,10 +312,16 @@ def lower(program, tiles: dict, *, backend: str = DEFAULT, interpret="auto", dty
     Options: ``f32_precision`` ("highest" — exact float32 dots as in the semantics — or
     "default", TF32 on GPUs), ``name``, ``schedule`` (the program's, from the cost model) or
     ``hardware`` (to build one; default h100), and the backend's launch parameters (Triton:
-    ``num_warps``, ``num_stages``).
+    ``num_warps``, ``num_stages``); ``launches``: for a program of several kernels, each
+    kernel's own launch parameters (a list in the schedule's kernel order).
     """
-    return LoweredKernel(program, tiles, backend=backend, interpret=interpret, dtype=dtype,
-                         **options)
+    from napkin.lower.program import LoweredProgram, is_one_kernel
+    if is_one_kernel(program):
+        options.pop("launches", None)
+        return LoweredKernel(program, tiles, backend=backend, interpret=interpret, dtype=dtype,
+                             **options)
+    return LoweredProgram(program, tiles, backend=backend, interpret=interpret, dtype=dtype,
+                          **options)
 
 
 def export_cuda(kernel: LoweredKernel, shapes, device_kind: str = "NVIDIA H100") -> str:

@@ -110,54 +110,90 @@ def peel(program) -> Structure:
 
 
 def unlowerable(program, sizes: dict | None = None, rules: BlockRules | None = None) -> str:
-    """Why the kernel backends cannot write ``program`` as one kernel ("" when they can):
-    they spell one grid of groups with streams inside; a group inside the body (or a
-    program of several kernels, which is one) has no spelling yet.  With ``sizes`` and a
-    backend's ``rules``: an axis every program loads or writes whole must be a size the
-    backend's blocks take (Triton: a power of two; grouped and streamed axes are tiled
-    and masked, so any size does)."""
-    try:
-        structure = peel(program)
-        box = group_in_body(structure)
-    except NapkinError as e:
-        return str(e)
-    if box is not None:
-        return (f"{box.name}: a group below the grid (inside the kernel body) or a program "
-                f"of several kernels")
-    if sizes is None or rules is None:
-        return ""
-    tiled = {g.axis for g in structure.groups} | \
-        {b.spec.axis for b in stream_boxes(structure.body)}
-    body = structure.body
-    for t in array_types(body.dom) + array_types(body.cod):
-        for a in t.axes:
-            n = sympy.sympify(a.size)
-            n = sympy.sympify(n.xreplace({f: sympy.Integer(sizes[str(f)])
-                                          for f in n.free_symbols if str(f) in sizes}))
-            if a.name not in tiled and n.is_Integer and not rules.size_ok(int(n)):
-                return (f"axis {a.name}={int(n)} is loaded or written whole by every program; "
-                        f"the {rules.name} backend needs a power of two")
+    """Why the kernel backends cannot write ``program`` ("" when they can).  Each top-level
+    box is a kernel of its own (a program of several runs them in order, the values between
+    them in HBM); each kernel spells a grid of groups, and inside it streams and groups as
+    loops (:func:`_writable` says what those need).  An axis of a size the backend's blocks
+    cannot take is padded and masked: no size is a reason."""
+    from napkin.lower.program import top_boxes
+    for box in top_boxes(program):
+        why = _kernel_unlowerable(box, sizes, rules)
+        if why:
+            return why
     return ""
 
 
-def group_in_body(structure: Structure):
-    """The first group box left in a kernel's body below its grid (None when there is none):
-    what neither backend spells."""
-    for box in structure.body.boxes:
-        if getattr(getattr(box, "spec", None), "kind", None) == "group":
-            return box
-    return None
+def _kernel_unlowerable(kernel, sizes, rules) -> str:
+    try:
+        structure = peel(kernel)
+    except NapkinError as e:
+        return str(e)
+    if any(g.level == "gmem" for g in structure.groups):
+        return "a group at gmem (sequential launches) has no kernel spelling"
+    body = structure.body
+    return _writable(body, set(range(len(body.dom))), set(range(len(body.cod))))
+
+
+def _writable(diagram, refs: set, stored: set) -> str:
+    """Why a kernel cannot write ``diagram`` ("" when it can).  ``refs``: the input positions
+    still in HBM (kernel inputs, or their tiles); ``stored``: the output positions that go
+    straight to the kernel's outputs.  A group's loop inside the kernel tiles what it reads
+    from HBM (a value computed in the kernel has no tiles to load; a stream's chunks of one
+    are its equal parts) and writes its outputs straight to the kernel's."""
+    from napkin.ir import ops as op_order, view
+    g = view(diagram)
+    ref_values = {g.graph["inputs"][i] for i in refs}
+    store_values = {g.graph["outputs"][j] for j in stored}
+    for n in op_order(g):
+        node = g.nodes[n]
+        box, spec = node["box"], node["box"].spec
+        if spec.kind not in ("stream", "group"):
+            continue
+        types = [g.nodes[v]["ob"] for v in node["ins"]]
+        for v, ob in zip(node["ins"], types):
+            if spec.kind == "group" and ob.type.has(spec.axis) and v not in ref_values:
+                return (f"{box.name}: its input {ob.name} is computed inside the kernel, and a "
+                        f"loop over a group inside a kernel tiles only arrays it loads")
+        outs = [v in store_values and not list(g.successors(v)) for v in node["outs"]]
+        inner_refs = {j for j, v in enumerate(node["ins"]) if v in ref_values}
+        if spec.kind == "group":
+            if not all(outs):
+                return (f"{box.name}: a group inside the kernel body whose outputs the kernel "
+                        f"reads again; its loop writes them straight to the kernel's outputs")
+            why = _writable(spec.body, inner_refs, set(range(len(node["outs"]))))
+        else:
+            k = spec.n_state
+            chunked = {k + j for j in inner_refs if types[j].type.has(spec.axis)}
+            why = _writable(spec.update, chunked, set()) or _writable(spec.init, set(), set()) \
+                or _writable(spec.finalize, set(), {j for j, ok in enumerate(outs) if ok})
+        if why:
+            return why
+    return ""
 
 
 def stream_boxes(diagram) -> list:
-    """Every stream box in ``diagram``, at any depth below its streams (not below groups)."""
+    """Every stream box in ``diagram`` (a kernel's body), at any depth, in program order."""
+    return [b for b in loop_boxes(diagram) if b.spec.kind == "stream"]
+
+
+def inner_groups(diagram) -> list:
+    """Every group box in a kernel's body (below its grid), at any depth: loops the kernel
+    runs, one tile after another."""
+    return [b for b in loop_boxes(diagram) if b.spec.kind == "group"]
+
+
+def loop_boxes(diagram) -> list:
+    """Every stream and group box of ``diagram`` and of their bodies, in the order the
+    schedule walks them (a box, then the loops inside it)."""
+    from napkin.ir import ops as op_order, view
+    g = view(diagram)
     out = []
-    for box in diagram.boxes:
-        spec = getattr(box, "spec", None)
-        if getattr(spec, "kind", None) == "stream":
+    for n in op_order(g):
+        box = g.nodes[n]["box"]
+        if box.spec.kind in ("stream", "group"):
             out.append(box)
-            for body in spec.bodies:
-                out += stream_boxes(body)
+            for body in box.spec.bodies:
+                out += loop_boxes(body)
     return out
 
 
@@ -324,6 +360,22 @@ class StreamPlan:
 
 
 @dataclass
+class InnerGroupPlan:
+    """A group inside a kernel's body: a loop over its tiles (``chunk``: the tile)."""
+    axis: str
+    chunk: int
+    size: int
+
+    @property
+    def tile(self) -> int:
+        return self.chunk
+
+
+def _loop_key(spec) -> tuple:
+    return (spec.kind, spec.axis, str(spec.chunk if spec.kind == "stream" else spec.size))
+
+
+@dataclass
 class KernelPlan:
     """Everything a backend spells, for one set of input shapes (see the module doc)."""
     name: str
@@ -338,6 +390,10 @@ class KernelPlan:
     body: object            # the diagram the kernel runs: the program's body, squeezed axes out
     gpu_refusal: str = ""   # why it cannot run compiled (a tile makes a dot too small)
     raster: Raster | None = None  # two grid dimensions launched as one, grouped
+    # axis -> its block: a whole axis the backend's blocks cannot take at its size, padded
+    # (loads and stores masked, every reduction over it sees its neutral element there)
+    padded: dict = field(default_factory=dict)
+    inner: dict = field(default_factory=dict)  # id(group spec) -> InnerGroupPlan: loops in the body
 
     @property
     def grid_shape(self) -> tuple:
@@ -366,10 +422,14 @@ class KernelPlan:
         return self.streams[id(spec)]
 
     def loops(self) -> list:
-        """The nest, outermost first: ("group", axis, tile) per grid dimension, then
-        ("stream", axis, chunk) per stream in program order."""
-        return [("group", g.axis, g.tile) for g in self.grid] + \
-            [("stream", s.axis, s.chunk) for s in self.streams.values()]
+        """The nest, outermost first: ("group", axis, tile) per grid dimension, then the loops
+        inside the kernel in the order the schedule walks them: ("stream", axis, chunk) per
+        stream and ("group", axis, tile) per group of the body."""
+        inside = []
+        for box in loop_boxes(self.body):
+            p = self.streams.get(id(box.spec)) or self.inner[id(box.spec)]
+            inside.append((box.spec.kind, p.axis, p.chunk))
+        return [("group", g.axis, g.tile) for g in self.grid] + inside
 
 
 def schedule_loops(schedule) -> list:
@@ -402,17 +462,17 @@ class Planner:
                     self.sizes.setdefault(a.name, int(val))
         self.shapes, self.dtypes = [tuple(s) for s in shapes], list(dtypes)
         loops = schedule_loops(kernel.schedule)
-        groups = [lp for lp in loops if lp.kind == "group"][:len(self.st.groups)]
-        streams = [lp for lp in loops if lp.kind == "stream"]
-        boxes = stream_boxes(self.st.body)
-        if [(lp.axis, lp.size) for lp in groups] != [(s.axis, s.size) for s in self.st.groups] \
-                or sorted((lp.axis, str(lp.size)) for lp in streams) != \
-                sorted((b.spec.axis, str(b.spec.chunk)) for b in boxes):
+        groups = loops[:len(self.st.groups)]
+        inner = loops[len(self.st.groups):]  # streams and groups inside the kernel's body
+        if [(lp.kind, lp.axis, lp.size) for lp in groups] != \
+                [("group", s.axis, s.size) for s in self.st.groups] \
+                or [(lp.kind, lp.axis, str(lp.size)) for lp in inner] != \
+                [_loop_key(b.spec) for b in loop_boxes(self.st.body)]:
             raise NapkinError(f"internal: the loops of {kernel.name}'s schedule are not its "
                               f"program's groups and streams")
         self.grid = []
         for loop in groups:
-            tile = kernel.size_of(loop.size, f"group {loop.axis}")
+            tile = kernel.size_of(loop.size, f"group {loop.axis}", self.extent(loop))
             self.grid.append(GridAxis(loop.axis, tile, self.extent(loop)))
             if isinstance(loop.size, sympy.Symbol):
                 self.env[loop.size] = tile
@@ -424,14 +484,11 @@ class Planner:
             if g.tile == 1 and not unweavable(self.body, g.axis):
                 self.body = unweave(self.body, g.axis)
                 self.squeezed.append(g.axis)
-        self.stream_loops = {}  # id(stream spec) -> its schedule loop
-        for box in stream_boxes(self.body):
-            loop = next(lp for lp in streams if (lp.axis, lp.size) == (box.spec.axis,
-                                                                       box.spec.chunk))
-            streams.remove(loop)
-            self.stream_loops[id(box.spec)] = loop
+        # id(stream or group spec) -> its schedule loop (the same walk, the same order)
+        self.loop_of = {id(box.spec): lp for box, lp in zip(loop_boxes(self.body), inner)}
         self.gaxes = {g.axis: i for i, g in enumerate(self.grid)}
         self.notes: list[str] = []
+        self.padded: dict = {}
 
     def extent(self, loop) -> int:
         """How far a schedule loop runs, at these shapes."""
@@ -439,13 +496,18 @@ class Planner:
 
     def plan(self) -> KernelPlan:
         streams = {id(box.spec): self.stream(box) for box in stream_boxes(self.body)}
+        inner = {id(box.spec): self.inner_group(box) for box in inner_groups(self.body)}
         chunks = {}
-        for s in streams.values():  # the first stream over an axis sets its block
-            chunks.setdefault(s.axis, s.chunk)
+        for s in [*streams.values(), *inner.values()]:  # the largest cut of an axis sets
+            chunks[s.axis] = max(chunks.get(s.axis, 1), s.chunk)  # its block
         inputs = self.inputs(chunks)
-        return KernelPlan(self.k.name, self.k.describe(), self.grid, inputs,
-                          self.outputs(), streams, self.env, self.sizes, self.notes,
-                          self.body, self.small_dot(), self.raster(inputs))
+        outputs = self.outputs()
+        for a, block in self.padded.items():
+            self.notes.append(f"axis {a}={self.sizes.get(a)}: padded to {block} in every block, "
+                              f"masked")
+        return KernelPlan(self.k.name, self.k.describe(), self.grid, inputs, outputs, streams,
+                          self.env, self.sizes, self.notes, self.body, self.small_dot(),
+                          self.raster(inputs), dict(self.padded), inner)
 
     def raster(self, inputs) -> Raster | None:
         """Grouped ordering for the first pair of grid dimensions that each index an input
@@ -493,17 +555,10 @@ class Planner:
         prog_names = [ob.name for ob in self.k.program.dom.inside]
         out = []
         for i, (v, t) in enumerate(zip(g.graph["inputs"], array_types(body.dom))):
-            streamed, whole = set(), v in g.graph["outputs"]
-            for n in g.successors(v):
-                node = g.nodes[n]
-                spec = node["box"].spec
-                for u in node["ins"]:
-                    if u != v:
-                        continue
-                    if spec.kind == "stream" and t.has(spec.axis):
-                        streamed.add(spec.axis)
-                    else:
-                        whole = True
+            uses = _cuts(g, v)
+            streamed = set().union(*uses) if uses else set()
+            uncut = {a for a in t.names if any(a not in c for c in uses)}
+            whole = bool(uncut)
             p = self.st.in_map[i]
             shape = self.shapes[p]
             block, index = [], []
@@ -515,21 +570,12 @@ class Planner:
                     continue
                 index.append(None)
                 if a in streamed:
-                    chunk = chunks[a]
-                    padded = rules.block(n, chunk)
-                    if whole and padded != n:
-                        raise NapkinError(
-                            f"input {prog_names[p]}: axis {a}={n} is streamed and also used "
-                            f"whole; the {rules.name} backend needs it to be a power of two "
-                            f">= the chunk {chunk}")
+                    padded = rules.block(n, chunks[a])
+                    if a in uncut and padded != n:
+                        self.pad(a, n, padded)
                     block.append(padded)
                 else:
-                    if not rules.size_ok(n):
-                        raise NapkinError(
-                            f"input {prog_names[p]}: axis {a}={n} is loaded whole into every "
-                            f"program; the {rules.name} backend needs a power of two (pad it, "
-                            f"or group or stream {a})")
-                    block.append(n)
+                    block.append(self.whole(a, n))
             out.append(ArrayPlan(names[i], t, shape, self.dtypes[p], tuple(block), tuple(index),
                                  streamed, whole, self.squeezed_of(t)))
         return out
@@ -551,27 +597,48 @@ class Planner:
                     block.append(self.grid[self.gaxes[a]].tile)
                     index.append(self.gaxes[a])
                 else:
-                    if not self.rules.size_ok(n):
-                        raise NapkinError(f"output {labels[i]}: axis {a}={n} is written whole "
-                                          f"by every program; the {self.rules.name} backend "
-                                          f"needs a power of two (group it, or pad it)")
-                    block.append(n)
+                    block.append(self.whole(a, n))
                     index.append(None)
-            dtype = np.dtype(k.dtype if k.dtype is not None else JNP_DTYPES[t.dtype])
+            dtype = np.dtype(k.dtypes_for([t])[0])
             out.append(ArrayPlan(names[i], t, tuple(shape), dtype, tuple(block), tuple(index),
                                  squeezed=self.squeezed_of(t)))
         return out
+
+    def whole(self, axis: str, n: int) -> int:
+        """The block of an axis kept whole: its size, or the least size the backend's blocks
+        take above it (the axis is then padded and masked)."""
+        if self.rules.size_ok(n):
+            return n
+        return self.pad(axis, n, self.rules.block(n, 1))
+
+    def pad(self, axis: str, n: int, block: int) -> int:
+        if self.padded.get(axis, block) != block:
+            raise NapkinError(f"internal: axis {axis}={n} padded to both {self.padded[axis]} "
+                              f"and {block}")
+        self.padded[axis] = block
+        return block
 
     def stream(self, box) -> StreamPlan:
         spec = box.spec
         ax = spec.axis
         if ax in self.gaxes:
             raise NapkinError(f"stream {ax}: the axis is also grouped; not supported")
-        loop = self.stream_loops[id(spec)]
-        chunk = self.k.size_of(loop.size, f"stream {ax}")
+        loop = self.loop_of[id(spec)]
+        chunk = self.k.size_of(loop.size, f"stream {ax}", self.extent(loop))
+        if isinstance(spec.chunk, sympy.Symbol):
+            self.env[spec.chunk] = chunk
         plan = StreamPlan(ax, chunk, self.extent(loop), spec.rule)
         plan.skip = self.skip(spec, plan)
         return plan
+
+    def inner_group(self, box) -> InnerGroupPlan:
+        spec = box.spec
+        loop = self.loop_of[id(spec)]
+        tile = self.k.size_of(loop.size, f"group {spec.axis}", self.extent(loop))
+        if isinstance(spec.size, sympy.Symbol):
+            self.env[spec.size] = tile
+        self.notes.append(f"group {spec.axis}: a loop inside the kernel, tiles of {tile}")
+        return InnerGroupPlan(spec.axis, tile, self.extent(loop))
 
     def skip(self, spec, stream: StreamPlan) -> SkipPlan | None:
         ax, s, n = stream.axis, stream.chunk, stream.size
@@ -605,6 +672,32 @@ class Planner:
             return None
         self.notes.append(f"stream {ax}: static tile skipping from the {qa}/{ax} masks")
         return SkipPlan(qa, kinds, low, high, (rng[0][0] // s, -(-rng[1][1] // s)), None)
+
+
+def _cuts(g, v, cut=frozenset()) -> list:
+    """Where a body reads value ``v`` of its graph ``g``: for each box that reads it (or the
+    body's output it is), the axes the loops around that read have cut it to — a stream's
+    chunks of its axis, an inner group's tiles — as a frozenset.  A stream's input without
+    its axis is loaded once, at the stream (``cut`` as it is there)."""
+    from napkin.ir import view
+    out = [cut] if v in g.graph["outputs"] else []
+    t = g.nodes[v]["ob"].type
+    for n in set(g.successors(v)):
+        node = g.nodes[n]
+        spec = node["box"].spec
+        for port, u in enumerate(node["ins"]):
+            if u != v:
+                continue
+            if spec.kind in ("stream", "group") and t.has(spec.axis):
+                body = view(spec.update if spec.kind == "stream" else spec.body)
+                k = port + (spec.n_state if spec.kind == "stream" else 0)
+                out += _cuts(body, body.graph["inputs"][k], cut | {spec.axis})
+            elif spec.kind == "group":
+                body = view(spec.body)
+                out += _cuts(body, body.graph["inputs"][port], cut)
+            else:
+                out.append(cut)
+    return out
 
 
 def _unique(names):

@@ -113,6 +113,10 @@ def compile_ptx(kernel, shapes, arch: int = 90, device_kind: str = "NVIDIA H100"
     missing or does not match jaxlib (before parsing anything), when compilation
     fails, or (``check_shared``) when shared memory exceeds :data:`SHARED_LIMIT`."""
     check_pair(*versions())
+    parts = kernel.parts(shapes)
+    if len(parts) > 1:  # a program of several kernels: each compiled on its own
+        return [c for k, s in parts for c in compile_ptx(k, s, arch, device_kind,
+                                                          check_shared=check_shared)]
     from napkin.lower.kernel import export_cuda
     try:
         mlir = export_cuda(kernel, shapes, device_kind)

@@ -236,7 +236,17 @@ def _pallas_calls(jaxpr):
 
 
 def traffic(kernel, shapes) -> Traffic:
-    """Bytes read and written per kernel array (see the module doc)."""
+    """Bytes read and written per kernel array (see the module doc); for a program of several
+    kernels, the sum over its launches (arrays named ``kernel.array``)."""
+    parts = kernel.parts(shapes)
+    if len(parts) > 1:
+        total = Traffic()
+        for k, s in parts:
+            t = traffic(k, s)
+            for mine, theirs in ((total.reads, t.reads), (total.writes, t.writes)):
+                for name, n in theirs.items():
+                    mine[f"{k.name}.{name}"] = mine.get(f"{k.name}.{name}", 0) + n
+        return total
     structs = kernel.abstract(shapes)
     plan = kernel.plan(*structs).plan
     closed = jax.make_jaxpr(lambda *xs: kernel(*xs, interpret=False))(*structs)

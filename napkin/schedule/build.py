@@ -359,8 +359,13 @@ class _Builder:
                     for v in node["ins"]:
                         ensure(v, i)
                 landed = [land(v, i) for v in node["outs"]]
+                # a group is one more axis of the grid when it is all its enclosing grid's
+                # body (or a deeper level's); beside other boxes of a kernel's body it is a
+                # loop the kernel runs, one tile after another
+                grid = Lc > L or (len(order) == 1 and loop.kind == "group" and loop.parallel)
                 child = self.open(Loop("group", self.names[Lc], spec.axis, spec.size, full, N,
-                                       True, self.where(Lc, L)))
+                                       grid, self.where(Lc, L) if grid else
+                                       "sequential, a loop inside the kernel"))
                 self.body(child, spec.body, Lc, R * N, [ref[v] for v in node["ins"]],
                           [home[v] for v in node["ins"]], [r for _, r in landed],
                           [h for h, _ in landed])

@@ -51,7 +51,6 @@ class KernelResources:
     registers: tuple
     streams: int
     rows: sympy.Expr | None    # the fewest rows (M) of its matrix products; None: it has none
-    inner_group: str = ""      # the axis of a group inside a block's body ("" when none)
 
     # ``ev``: an expression's value (a number, or numpy arrays over a grid of tile points)
     def smem_bytes(self, ev, stages=1):
@@ -109,24 +108,7 @@ def _resources(k: Loop, launches, stages: int, levels: list, block: int) -> Kern
                                                    _in_block(k.peaks("staged"), block)])),
         stage=sympy.expand(stage),
         registers=tuple(prune(_in_block(k.peaks("held"), block, values=True))),
-        streams=len(streams), rows=_rows(k), inner_group=_inner_group(k, spread))
-
-
-def _inner_group(k: Loop, spread) -> str:
-    """A group inside the block's body: below the chain of groups that make the grid (a
-    block runs its body's steps and streams; nothing launches a group's instances there)."""
-    loop = k
-    while True:
-        inner = [it for it in loop.items if isinstance(it, Loop)]
-        steps = any(isinstance(it, Step) for it in loop.items)
-        if len(inner) == 1 and not steps and spread(inner[0]):
-            loop = inner[0]
-            continue
-        break
-    for it, _ in loop.walk():
-        if isinstance(it, Loop) and it.kind == "group":
-            return it.axis
-    return ""
+        streams=len(streams), rows=_rows(k))
 
 
 def _rows(k: Loop):
@@ -179,8 +161,8 @@ def _steps(loop: Loop, spread):
             total += it.trips * (inner if inner != 0 else ONE)
         elif spread(it):
             total += inner  # more blocks of the grid: they run side by side
-        elif it.kind == "group" and not it.parallel:
-            total += it.trips * inner
+        elif it.kind == "group" and not it.parallel:  # a loop inside the block
+            total += it.trips * (inner if inner != 0 else ONE)
         else:
             total += inner
     return sympy.expand(total)

@@ -34,6 +34,7 @@ class Written:
     calls: dict = field(repr=False)
     launch: dict = field(default_factory=dict)  # the launch parameters it was written with
     notes: list = field(default_factory=list)
+    definitions: str = ""   # the source less its module header (a program's modules join)
 
 
 def get_backend(name: str | None = None):
