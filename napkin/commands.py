@@ -257,13 +257,19 @@ def _jsonable(x):
 
 
 # ----------------------------------------------------------------------------- optimize
+LIMITS = (arg("--max-states", type=int, default=2000,
+              help="stop the search after this many programs (default: 2000)"),
+          arg("--max-seconds", type=float, default=60.0,
+              help="stop the search after this long, in seconds (default: 60)"))
+
+
 @command("optimize", "search the rewrite chain and tiles that minimise modelled time",
          arg("algorithm", metavar="ALGO", nargs="?"), FROM, SIZE, HARDWARE, DTYPE, JSON,
          arg("--certificate", metavar="PATH", help="write the chain as a certificate"),
          arg("--draw", metavar="PATH", help="draw the algorithm and its streamed program"),
          arg("--levels", choices=("two", "all"), default="two",
              help="GMEM+SMEM (the paper's setting) or the profile's whole hierarchy"),
-         arg("--max-states", type=int, default=2000), arg("--max-seconds", type=float, default=60.0))
+         *LIMITS)
 def _optimize(args) -> int:
     with Outputs() as out:
         cert = out.file(args.certificate, "--certificate")
@@ -372,7 +378,7 @@ def run_and_compare(kernel, alg, diagram, sizes, dtype, interpret):
     import jax
     import jax.numpy as jnp
     import numpy as np
-    from napkin.primitives import JNP_DTYPES
+    from napkin.primitives import FLOATING, JNP_DTYPES
     from napkin.sampling import sample
     from napkin.semantics import evaluate
     rng = np.random.default_rng(0)
@@ -380,14 +386,17 @@ def run_and_compare(kernel, alg, diagram, sizes, dtype, interpret):
     # algorithm, an Algorithm in a --from file); else random normals and the diagram's meaning
     sampler = getattr(alg, "sample", None)
     xs64 = sampler(rng, sizes) if sampler is not None else sample(diagram, sizes, rng)
-    xs = [jnp.asarray(x, JNP_DTYPES[dtype]) for x in xs64]
+    # floating inputs at the run's dtype; integer ones (labels, indices) keep their own
+    own = [ob.type.dtype for ob in diagram.dom.inside]
+    xs = [jnp.asarray(x, JNP_DTYPES[dtype if d in FLOATING else d]) for x, d in zip(xs64, own)]
     kernel(*xs, interpret=interpret)  # compile
     t0 = time.perf_counter()
     y = jax.block_until_ready(kernel(*xs, interpret=interpret))
     wall = time.perf_counter() - t0
     reference = getattr(alg, "reference", None) or evaluate(diagram)
     with jax.enable_x64(True):
-        ref = np.asarray(reference(*[jnp.asarray(x, jnp.float64) for x in xs]), np.float64)
+        ref = np.asarray(reference(*[jnp.asarray(x, jnp.float64) if d in FLOATING else x
+                                     for x, d in zip(xs, own)]), np.float64)
     y = np.asarray(jnp.asarray(y, jnp.float32), np.float64)
     err = float(np.max(np.abs(y - ref)) / max(float(np.max(np.abs(ref))), 1e-300))
     return err, wall
@@ -462,7 +471,7 @@ def _lower_to(args, emit, out) -> int:
 @command("run", "optimise → check the certificate → lower → run on random inputs → compare",
          arg("algorithm", metavar="ALGO", nargs="?"), FROM, SIZE, HARDWARE,
          arg("--dtype", default="f32", metavar="DT", help="input dtype (default: f32)"), BACKEND,
-         INTERPRET)
+         INTERPRET, *LIMITS)
 def _run(args) -> int:
     from napkin.library import DEFAULT_SIZES
     from napkin.lower import hbm_bytes
@@ -479,8 +488,9 @@ def _run(args) -> int:
     # axis the user sized is searched at that size
     full = {a: n if a in given else DEFAULT_SIZES.get(a, n) for a, n in sizes.items()} \
         if small else sizes
-    opt = optimized(args, name, diagram, sizes=full)
-    opt = opt.fit(sizes) if small else opt
+    opt = optimized(args, name, diagram, sizes=full, max_states=args.max_states,
+                    max_seconds=args.max_seconds)
+    opt = opt.fit(sizes) if small and full != sizes else opt  # (searched at these: as found)
     print("chain: " + " → ".join(str(m) for m in opt.chain))
     print("tiles: " + ", ".join(f"{k}={v}" for k, v in opt.tiles.items())
           + f"; modelled time {opt.search.best.time_s:.3g} s ({opt.search.best.bound_by}-bound)")

@@ -116,12 +116,16 @@ class Optimized:
     def fit(self, sizes: dict) -> Optimized:
         """This program at other (smaller) sizes, its tiles shrunk to powers of two of at
         most a quarter of their axis, so that a small run still has several groups and
-        chunks.  The search is not redone: the structure stays the one found."""
+        chunks — but never below the least dot side a tile feeding a matrix product needs
+        (the hardware's ``dot_min``: a GPU kernel refuses a smaller one).  The search is not
+        redone: the structure stays the one found."""
         sizes = sizes_for(self.algorithm, sizes)
-        axis_of = {t.name: info.axis for t, info in self.cost.tiles.items()}
+        info = {t.name: i for t, i in self.cost.tiles.items()}
 
         def shrunk(tile: str, value: int) -> int:
-            return min(int(value), _pow2_at_most(sizes.get(axis_of.get(tile), value) // 4))
+            least = dict(info[tile].multiples).get("dot_min", 1) if tile in info else 1
+            axis = sizes.get(info[tile].axis, value) if tile in info else value
+            return min(int(value), max(_pow2_at_most(axis // 4), least))
         return dataclasses.replace(self, sizes=sizes,
                                    tiles={t: shrunk(t, v) for t, v in self.tiles.items()})
 

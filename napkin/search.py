@@ -412,8 +412,10 @@ class _Run:
         def smallest(s):
             return None if s.feasible else tuple(sorted((lv, round(m)) for lv, m
                                                         in s.min_memory.items()))
+        # (programs a backend writes first, as the best is chosen: _better)
         for s in sorted((s for s in states if s.key != best.key),
-                        key=lambda s: (s.time_s, smallest(s) or (), len(s.chain))):
+                        key=lambda s: (bool(s.unlowerable), s.time_s, smallest(s) or (),
+                                       len(s.chain))):
             sig = (round(s.time_s, 15) if math.isfinite(s.time_s) else math.inf,
                    round(s.bytes, 3) if math.isfinite(s.bytes) else math.inf, smallest(s))
             if sig not in seen:
@@ -495,6 +497,8 @@ def _best_first(roots, ev: "Evaluator", max_states: int, max_seconds: float, t0:
         *_, state = heapq.heappop(frontier)
         if run.best.feasible and run.bound >= run.best.time_s * (1 - 1e-12):
             break  # nothing can beat the best: it meets the lower bound
+        if getattr(state.unlowerable, "final", False):
+            continue  # no backend writes it nor anything derived from it: no answer there
         run.expanded += 1
         for mv in moves_of(state):
             if time.perf_counter() - t0 > max_seconds:

@@ -150,8 +150,8 @@ def sigmoid_attention(Q, K, V, bias):
     return ops.contract(P, V, out=(q, d), name="PV")
 ''')
     status, out, err = run(capsys, "run", "--from", f"{tmp_path / 'mine.py'}:sigmoid_attention",
-                           "--size", "q=64", "--size", "x=80", "--size", "d=16")
-    assert status == 0, err
+                           "--size", "q=64", "--size", "x=2000", "--size", "d=64")
+    assert status == 0, err  # (K and V whole would not fit on chip: the keys stream)
     assert "stream_partition" in out and "max relative error" in out
 
 

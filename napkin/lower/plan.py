@@ -109,6 +109,20 @@ def peel(program) -> Structure:
     return Structure(groups, d, in_map, out_map)
 
 
+class Refusal(str):
+    """Why a backend cannot write a program (a ``str``), and whether the reason is ``final``:
+    one no rewrite removes.  Rules only nest boxes deeper — none splits a kernel's body or
+    removes a group — so a group whose output its kernel reads again, or whose input its
+    kernel computes, stays so in every program derived from this one (a search need not
+    derive them)."""
+    final: bool = False
+
+    def __new__(cls, text: str, final: bool = False):
+        self = super().__new__(cls, text)
+        self.final = final
+        return self
+
+
 def unlowerable(program, sizes: dict | None = None, rules: BlockRules | None = None) -> str:
     """Why the kernel backends cannot write ``program`` ("" when they can).  Each top-level
     box is a kernel of its own (a program of several runs them in order, the values between
@@ -152,14 +166,16 @@ def _writable(diagram, refs: set, stored: set) -> str:
         types = [g.nodes[v]["ob"] for v in node["ins"]]
         for v, ob in zip(node["ins"], types):
             if spec.kind == "group" and ob.type.has(spec.axis) and v not in ref_values:
-                return (f"{box.name}: its input {ob.name} is computed inside the kernel, and a "
-                        f"loop over a group inside a kernel tiles only arrays it loads")
+                return Refusal(f"{box.name}: its input {ob.name} is computed inside the kernel, "
+                               f"and a loop over a group inside a kernel tiles only arrays it "
+                               f"loads", final=True)
         outs = [v in store_values and not list(g.successors(v)) for v in node["outs"]]
         inner_refs = {j for j, v in enumerate(node["ins"]) if v in ref_values}
         if spec.kind == "group":
             if not all(outs):
-                return (f"{box.name}: a group inside the kernel body whose outputs the kernel "
-                        f"reads again; its loop writes them straight to the kernel's outputs")
+                return Refusal(f"{box.name}: a group inside the kernel body whose outputs the "
+                               f"kernel reads again; its loop writes them straight to the "
+                               f"kernel's outputs", final=True)
             why = _writable(spec.body, inner_refs, set(range(len(node["outs"]))))
         else:
             k = spec.n_state
