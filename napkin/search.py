@@ -300,12 +300,35 @@ class Evaluator:
     def lower_bound(self, diagram) -> float:
         """Compulsory traffic and compute at peak: no streamed program beats this."""
         c = cost(diagram, self.hw, self.dtype)
-        next_bw = self.hw.levels[1].bandwidth_bytes_per_s
-        io = 0.0
-        for ob in [*diagram.dom.inside, *diagram.cod.inside]:
-            io += value_at(ob.type.numel, self.sizes) * self._bytes_per_value(ob)
         compute = max([value_at(e, self.sizes) for e in c.compute_times().values()] or [0.0])
-        return max(io / next_bw, compute)
+        return max(self._bytes([*diagram.dom.inside, *diagram.cod.inside]) /
+                   self.hw.levels[1].bandwidth_bytes_per_s, compute)
+
+    def written_bound(self, program) -> float:
+        """What every program derived from ``program`` that a backend writes moves through
+        HBM, in seconds: the program's inputs and outputs once, and twice each value one
+        kernel hands another that no rewrite can keep on chip — a top-level group's output
+        another top-level box reads, a top-level group's input along its axis that another
+        box computes.  Rewrites only nest boxes: were the two kernels ever one, the group
+        would be inside a kernel whose other boxes read its outputs (or compute its
+        input), which no backend writes (:class:`napkin.lower.plan.Refusal`, final)."""
+        g = view(program)
+        handed = set()
+        for n in op_order(g):
+            node = g.nodes[n]
+            spec = node["box"].spec
+            if spec.kind != "group":
+                continue
+            handed.update(v for v in node["outs"] if list(g.successors(v)))
+            handed.update(v for v in node["ins"] if list(g.predecessors(v))
+                          and g.nodes[v]["ob"].type.has(spec.axis))
+        io = [*program.dom.inside, *program.cod.inside]
+        moved = self._bytes(io) + 2 * self._bytes([g.nodes[v]["ob"] for v in handed])
+        return moved / self.hw.levels[1].bandwidth_bytes_per_s
+
+    def _bytes(self, obs) -> float:
+        return sum(value_at(ob.type.numel, self.sizes) * self._bytes_per_value(ob)
+                   for ob in obs)
 
 
 def search(diagram, hardware="h100", sizes=None, dtype=None, *, max_states: int = 2000,
@@ -499,6 +522,9 @@ def _best_first(roots, ev: "Evaluator", max_states: int, max_seconds: float, t0:
             break  # nothing can beat the best: it meets the lower bound
         if getattr(state.unlowerable, "final", False):
             continue  # no backend writes it nor anything derived from it: no answer there
+        if run.best.feasible and not run.best.unlowerable and \
+                ev.written_bound(state.program) >= run.best.time_s * (1 - 1e-12):
+            continue  # nothing derived from it that a backend writes can beat the best
         run.expanded += 1
         for mv in moves_of(state):
             if time.perf_counter() - t0 > max_seconds:

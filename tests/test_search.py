@@ -293,3 +293,28 @@ def test_the_lower_bound_holds_for_every_program_of_a_fused_chain(score, sizes):
                              grid=s.grid).lower_bound_ratio for s in programs]
     ratios = [x for x in ratios if x is not None]  # (a program with no finite optimum)
     assert len(ratios) > 1 and min(ratios) >= 1 - 1e-9, ratios
+
+
+@pytest.mark.parametrize("name, sizes", [("attention", dict(q=256, x=256, d=32)),
+                                         ("mlp", dict(n=128, d=64, e=128, f=64))])
+def test_the_written_bound_holds_for_every_written_program_derived(name, sizes):
+    """The search stops expanding a program when what every written program derived from it
+    must move through HBM (its inputs and outputs, and twice each value a group hands another
+    kernel) cannot beat the best: that bound is at most the time of every program, derived in
+    up to three steps, that a backend writes."""
+    from napkin.lower.plan import unlowerable
+    from napkin.search import apply_move
+    ev = Evaluator("h100", sizes, "bf16")
+    programs = enumerate_chains(get(name).diagram(), 3)
+    checked = 0
+    for program, chain in programs:
+        state = State("", program, chain)
+        ev(state)
+        if not state.feasible or unlowerable(program):
+            continue
+        ancestor = get(name).diagram()
+        for move in chain:  # every program on the way to it bounds it
+            assert ev.written_bound(ancestor) <= state.time_s * (1 + 1e-9), [str(m) for m in chain]
+            ancestor = apply_move(ancestor, move)
+        checked += 1
+    assert checked > 10

@@ -25,12 +25,16 @@ of a :class:`napkin.cost.optimize.Grid`, for a profile whose ``register_budget``
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 import numpy as np
+import sympy
 
-from napkin.cost.model import _fold, compute_times, value_at
+from napkin.cost.model import CostError, _fold, compute_times, value_at
+from napkin.cost.optimize import _lambdified
+from napkin.memo import IdentityMemo
 from napkin.schedule.resources import block_level, kernels as kernel_resources
 
 REGISTER_OVERHEAD = 32  # [EST] registers a thread spends on indices, addresses and loop state
@@ -84,13 +88,36 @@ class Launches:
         self.excess = 0.0  # bytes by which the kernels' smallest points break the budget
         limit = smem_limit(c.hardware)
         for k in self.resources:
-            kl = self._kernel(k, c, grid.ev, n)
+            kl = self._on_grid(k, c, grid)
             self.runs &= kl.fits
             self.fits &= kl.fits & (kl.spilled == 0)
             self.time += kl.time
             smem = float(kl.smem1.min())
             self.least_smem = max(self.least_smem, smem)
             self.excess += max(0.0, smem - limit)
+
+    @classmethod
+    def _on_grid(cls, k, c, grid) -> KernelLaunch:
+        """One kernel at every point of ``grid``: worked out on the grid of the tiles it
+        reads (memoised: the search meets the same kernel in state after state, each time
+        in a program with other tiles) and spread over the program's points."""
+        own = _symbols(k)
+        tiles = [j for j, t in enumerate(grid.free) if t in own]
+        cands = tuple((grid.free[j], tuple(grid.cands[grid.free[j].name])) for j in tiles)
+        sizes = tuple(sorted(grid.sizes.items()))
+
+        def make():
+            sub = np.meshgrid(*[np.array(v, dtype=float) for _, v in cands], indexing="ij")
+            axis_of = {t: g.ravel() for (t, _), g in zip(cands, sub)}
+            m = sub[0].size if sub else 1
+            return cls._kernel(k, c, lambda e: _evaluate(e, grid.sizes, axis_of, m), m)
+        kl = _ON_GRID.get((k, c.hardware), make, (cands, sizes))
+        if not tiles:
+            return dataclasses.replace(kl, **{f: np.broadcast_to(getattr(kl, f), (grid.n,))
+                                              for f in _ARRAYS})
+        index = np.ravel_multi_index([grid.index[j] for j in tiles],
+                                     [len(v) for _, v in cands])
+        return dataclasses.replace(kl, **{f: getattr(kl, f)[index] for f in _ARRAYS})
 
     def _at(self, i: int) -> list[KernelLaunch]:
         env = {**self.grid.sizes, **self.grid.values(i)}
@@ -177,6 +204,40 @@ class Launches:
         return KernelLaunch(k.name, warps.astype(int), np.maximum(stages, 1).astype(int), smem,
                             smem1, regs, spilled, per_sm.astype(int), ctas, waves, fits, why,
                             time)
+
+
+_ON_GRID = IdentityMemo(20000)
+_SYMBOLS = IdentityMemo(20000)
+_ARRAYS = ("warps", "stages", "smem", "smem1", "registers", "spilled", "blocks_per_sm", "ctas",
+           "waves", "fits", "time")
+
+
+def _symbols(k) -> set:
+    """The size and tile symbols a kernel's launch reads."""
+    def make():
+        totals = _fold(k.loop)
+        exprs = [*k.smem, k.stage, *k.registers, k.ctas, k.steps, k.launches, k.loop.trips,
+                 *([k.rows] if k.rows is not None else [])]
+        for table in (totals.loads_b, totals.stores_b):
+            exprs += [e for t in table.values() for e in t.values()]
+        exprs += list(totals.flops.values())
+        return set().union(*(sympy.sympify(e).free_symbols for e in exprs))
+    return _SYMBOLS.get((k,), make)
+
+
+def _evaluate(expr, sizes, axis_of: dict, n: int) -> np.ndarray:
+    """``expr`` at every point of a grid given by each free symbol's values (``axis_of``)."""
+    e = sympy.sympify(expr)
+    e = sympy.sympify(e.xreplace({s: v for s in e.free_symbols
+                                  if (v := sizes.get(str(s))) is not None}))
+    syms = tuple(sorted(e.free_symbols, key=str))
+    missing = [str(s) for s in syms if s not in axis_of]
+    if missing:
+        raise CostError(f"no size for {', '.join(sorted(missing))} (give it in sizes)")
+    if not syms:
+        return np.full(n, float(e))
+    f = _lambdified(syms, e)
+    return np.broadcast_to(np.asarray(f(*(axis_of[s] for s in syms)), dtype=float), (n,))
 
 
 def smem_limit(hw) -> int:

@@ -273,6 +273,9 @@ class Grid:
         grids = np.meshgrid(*[np.array(self.cands[t.name], dtype=float) for t in free],
                             indexing="ij") if free else []
         self.flat = [g.ravel() for g in grids]
+        # each point's index into each tile's candidates (a kernel's own grid maps onto it)
+        self.index = [g.ravel() for g in np.meshgrid(
+            *[np.arange(len(self.cands[t.name])) for t in free], indexing="ij")] if free else []
         self.axis_of = dict(zip(free, self.flat))
         self.n = self.flat[0].size if self.flat else 1
         self.nested_ok = np.ones(self.n, bool)  # a tile inside a tile of the same axis fits it

@@ -246,16 +246,22 @@ class LoweredKernel:
         """(kernel, input shapes) for every launch: this one (a program has several)."""
         return [(self, [tuple(s.shape if hasattr(s, "shape") else s) for s in shapes])]
 
-    def plan(self, *shapes) -> Specialised:
-        """The kernel for inputs of these shapes (tuples, arrays or ShapeDtypeStructs)."""
+    def bound(self, sizes: dict) -> BoundKernel:
+        """This kernel with sizes its program binds (see :meth:`plan`)."""
+        return BoundKernel(self, sizes)
+
+    def plan(self, *shapes, sizes: dict | None = None) -> Specialised:
+        """The kernel for inputs of these shapes (tuples, arrays or ShapeDtypeStructs);
+        ``sizes``: size symbols bound by the program this kernel is part of."""
         if len(shapes) != len(self.in_types):
             raise ShapeError(f"{self.name} takes {len(self.in_types)} inputs "
                              f"({', '.join(self.in_names)}), got {len(shapes)}")
         shapes = [tuple(int(n) for n in (s.shape if hasattr(s, "shape") else s)) for s in shapes]
         dts = self.dtypes()
-        key = (tuple(shapes), tuple(str(d) for d in dts))
+        key = (tuple(shapes), tuple(str(d) for d in dts), tuple(sorted(map(str, (sizes or {})
+                                                                            .items()))))
         if key not in self._plans:
-            plan = Planner(self, shapes, dts, self.backend.rules).plan()
+            plan = Planner(self, shapes, dts, self.backend.rules, sizes).plan()
             self._plans[key] = Specialised(plan, self.backend.write(self, plan))
         self._last = key
         return self._plans[key]
@@ -273,11 +279,11 @@ class LoweredKernel:
             return jax.devices()[0].platform != "gpu"
         return bool(mode)
 
-    def __call__(self, *arrays, interpret=None):
+    def __call__(self, *arrays, interpret=None, sizes: dict | None = None):
         if len(arrays) != len(self.in_types):
             raise ShapeError(f"{self.name} takes {len(self.in_types)} inputs "
                              f"({', '.join(self.in_names)}), got {len(arrays)}")
-        plan = self.plan(*[jnp.shape(a) for a in arrays])
+        plan = self.plan(*[jnp.shape(a) for a in arrays], sizes=sizes)
         dts = self.dtypes()
         arrays = [jnp.asarray(a, dtype=dt) if jnp.result_type(a) != dt else a
                   for a, dt in zip(arrays, dts)]
@@ -296,6 +302,26 @@ class LoweredKernel:
 
     def __repr__(self):
         return f"LoweredKernel({self.name}: {self.describe()}, {self.backend.name})"
+
+
+class BoundKernel:
+    """A kernel of a program, with the sizes the program binds (a kernel may use a size
+    none of its own arrays has): plans and calls pass them; the rest is the kernel's."""
+
+    def __init__(self, kernel: LoweredKernel, sizes: dict):
+        self.kernel, self.sizes = kernel, dict(sizes)
+
+    def plan(self, *shapes) -> Specialised:
+        return self.kernel.plan(*shapes, sizes=self.sizes)
+
+    def __call__(self, *arrays, interpret=None):
+        return self.kernel(*arrays, interpret=interpret, sizes=self.sizes)
+
+    def parts(self, shapes) -> list:
+        return [(self, [tuple(s.shape if hasattr(s, "shape") else s) for s in shapes])]
+
+    def __getattr__(self, name):
+        return getattr(self.kernel, name)
 
 
 def lower(program, tiles: dict, *, backend: str = DEFAULT, interpret="auto", dtype=None,

@@ -20,7 +20,7 @@ from napkin.arrays import array_types
 from napkin.errors import NapkinError, ShapeError
 from napkin.ir import ops as op_order, view
 from napkin.lower.emit import identifier
-from napkin.semantics import fold_boxes
+from napkin.semantics import bind_sizes, fold_boxes
 
 
 def top_boxes(program) -> list:
@@ -124,9 +124,11 @@ class LoweredProgram:
         key = tuple(shapes)
         if key not in self._plans:
             steps = []
+            dummies = [np.broadcast_to(np.zeros((), bool), s) for s in shapes]
+            sizes = bind_sizes(self.in_types, dummies, names=self.in_names)
 
             def apply(box, args):
-                k = self.kernel_of(box)
+                k = self.kernel_of(box).bound(sizes)  # (its sizes and the program's)
                 spec = k.plan(*args)
                 steps.append((k, list(args), spec))
                 return k.out_shapes(spec)
@@ -191,10 +193,10 @@ class LoweredProgram:
             raise ShapeError(f"{self.name} takes {len(self.in_types)} inputs "
                              f"({', '.join(self.in_names)}), got {len(arrays)}")
         mode = self.resolve_interpret(interpret)
-        self.plan(*[np.shape(a) if not hasattr(a, "shape") else a.shape for a in arrays])
+        steps = iter(self.plan(*[np.shape(a) for a in arrays]).steps)
 
         def apply(box, args):
-            out = self.kernel_of(box)(*args, interpret=mode)
+            out = next(steps)[0](*args, interpret=mode)  # the kernels, in their order
             return list(out) if isinstance(out, tuple) else [out]
         result = fold_boxes(self.program, list(arrays), apply)
         return result[0] if len(result) == 1 else tuple(result)
