@@ -463,12 +463,14 @@ class Planner:
     and stream boxes must be those loops (else an internal error: the kernel would not be
     the program the schedule prices)."""
 
-    def __init__(self, kernel, shapes, dtypes, rules: BlockRules):
+    def __init__(self, kernel, shapes, dtypes, rules: BlockRules, sizes: dict | None = None):
         self.k, self.st, self.rules = kernel, kernel.structure, rules
         program = kernel.program
         prog_in = array_types(program.dom)
         dummies = [np.broadcast_to(np.zeros((), bool), s) for s in shapes]
-        self.env = bind_sizes(prog_in, dummies, kernel.tiles,
+        # ``sizes``: sizes bound outside (a program's kernel may use a size none of its own
+        # arrays has, e.g. the 1/sqrt(d) of a scale over scores)
+        self.env = bind_sizes(prog_in, dummies, {**(sizes or {}), **kernel.tiles},
                               [str(ob) for ob in program.dom.inside])
         self.sizes = {}
         for t in prog_in + array_types(program.cod):
