@@ -41,8 +41,24 @@ class JaxBackend:
     maximum, minimum = staticmethod(_promoting(jnp.maximum)), staticmethod(_promoting(jnp.minimum))
     power = staticmethod(_promoting(jnp.power))
     sum, max, mean = jnp.sum, jnp.max, jnp.mean
-    transpose, reshape, where, arange = jnp.transpose, jnp.reshape, jnp.where, jnp.arange
+    transpose, reshape, arange = jnp.transpose, jnp.reshape, jnp.arange
+    where = staticmethod(_promoting(jnp.where))
     concatenate, stack = jnp.concatenate, jnp.stack
+    # comparisons: boolean results
+    less, less_equal = staticmethod(_promoting(jnp.less)), staticmethod(_promoting(jnp.less_equal))
+    greater = staticmethod(_promoting(jnp.greater))
+    greater_equal = staticmethod(_promoting(jnp.greater_equal))
+    equal, not_equal = staticmethod(_promoting(jnp.equal)), staticmethod(_promoting(jnp.not_equal))
+
+    @staticmethod
+    def gelu(x):
+        """x·Φ(x) = x·(1 + erf(x/√2))/2 (the exact form)."""
+        return jax.nn.gelu(x, approximate=False)
+
+    @staticmethod
+    def gelu_tanh(x):
+        """0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))) (the tanh form)."""
+        return jax.nn.gelu(x, approximate=True)
 
     @staticmethod
     @_promoting
@@ -97,6 +113,18 @@ def _vec(f):
     return np.vectorize(f, otypes=[object])
 
 
+def _select(c, a, b):
+    """``a`` where ``c`` else ``b`` on one entry: a decided condition picks, an undecided
+    relation (a symbolic score against a constant, a symbolic index against a position)
+    is a Piecewise."""
+    if isinstance(c, (bool, np.bool_)) or c in (sympy.true, sympy.false):
+        return a if bool(c) else b
+    return sympy.Piecewise((a, c), (b, True))
+
+
+_SELECT = _vec(_select)
+
+
 def _reduce(fn):
     def r(x, axis):
         return np.apply_along_axis(lambda row: fn(list(row)), axis, x) if x.ndim > 1 \
@@ -128,6 +156,15 @@ class SympyBackend:
     maximum = staticmethod(_vec(lambda a, b: sympy.Max(a, b)))
     minimum = staticmethod(_vec(lambda a, b: sympy.Min(a, b)))
     power = staticmethod(_vec(lambda a, b: a ** b))
+    gelu = staticmethod(_vec(lambda a: a * (1 + sympy.erf(a / sympy.sqrt(2))) / 2))
+    gelu_tanh = staticmethod(_vec(lambda a: a * (1 + sympy.tanh(
+        sympy.sqrt(2 / sympy.pi) * (a + sympy.Rational(44715, 10 ** 6) * a ** 3))) / 2))
+    less = staticmethod(_vec(lambda a, b: sympy.Lt(a, b)))
+    less_equal = staticmethod(_vec(lambda a, b: sympy.Le(a, b)))
+    greater = staticmethod(_vec(lambda a, b: sympy.Gt(a, b)))
+    greater_equal = staticmethod(_vec(lambda a, b: sympy.Ge(a, b)))
+    equal = staticmethod(_vec(lambda a, b: sympy.Eq(a, b)))
+    not_equal = staticmethod(_vec(lambda a, b: sympy.Ne(a, b)))
     sum = staticmethod(_reduce(lambda xs: sympy.Add(*xs)))
     max = staticmethod(_reduce(lambda xs: sympy.Max(*xs)))
     mean = staticmethod(_reduce(lambda xs: sympy.Add(*xs) / len(xs)))
@@ -136,7 +173,10 @@ class SympyBackend:
 
     @staticmethod
     def where(keep, x, fill):
-        return np.where(keep, x, fill)
+        keep = np.asarray(keep)
+        if keep.dtype == bool:  # decided conditions (mask indices): pick
+            return np.where(keep, x, fill)
+        return _SELECT(keep, x, fill)  # relations: Piecewise where undecided
 
     @staticmethod
     def finite_or_zero(x):
@@ -174,6 +214,10 @@ class SympyBackend:
 
     @staticmethod
     def astype(x, dtype):
+        # numbers (positions: integer arrays) become exact sympy numbers; expressions stay
+        if isinstance(x, np.ndarray) and x.dtype != object:
+            return np.vectorize(sympy.sympify, otypes=[object])(x) if x.size else \
+                x.astype(object)
         return x
 
     @staticmethod

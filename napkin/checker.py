@@ -361,8 +361,10 @@ def _numeric(cert, src, original, programs):
                 xs = (src.sample(rng, case.sizes) if src.sample
                       else sample(original, case.sizes, rng))
                 low = [jnp.asarray(np.asarray(x, np.float64), dt) for x, dt in zip(xs, in_dtypes)]
-                # the exact check runs on the rounded values too: any float64 input will do
-                xs = [np.asarray(x, np.float64) for x in low]
+                # the exact check runs on the rounded values too: any float64 input will do;
+                # integer and bool inputs (labels, indices) keep their dtype
+                xs = [np.asarray(x, np.float64) if jnp.issubdtype(x.dtype, jnp.floating)
+                      else np.asarray(x) for x in low]
                 runs.append((case.env, xs, low))
             results = _run_all(original, final, src.reference, runs)
         except Exception as e:  # noqa: BLE001 - any failure to evaluate is a failed check

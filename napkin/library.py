@@ -32,7 +32,7 @@ class Algorithm:
     summary: str
     build: Callable[[str], object]          # dtype -> Diagram
     reference: Callable                      # plain jnp on positional arrays
-    inputs: dict = field(default_factory=dict)  # name -> normal | positive | onehot:AXIS
+    inputs: dict = field(default_factory=dict)  # name -> normal | positive | onehot:AXIS | index:AXIS
 
     def diagram(self, dtype: str = "f32"):
         return self.build(dtype)
@@ -47,7 +47,8 @@ LIBRARY: dict[str, Algorithm] = {}
 
 # Sizes the CLI uses when none are given: a transformer layer of today's scale.
 DEFAULT_SIZES = {"q": 4096, "x": 4096, "d": 128, "a": 4096, "b": 4096, "c": 4096,
-                 "h": 32, "k": 8, "r": 4, "n": 4096, "v": 32768, "e": 4096, "batch": 8}
+                 "h": 32, "k": 8, "r": 4, "n": 4096, "v": 32768, "e": 4096, "f": 4096,
+                 "batch": 8}
 
 
 def register(name, summary, reference, inputs=None):
@@ -97,6 +98,7 @@ q, x, d = axes("q x d")
 a, b, c = axes("a b c")
 h, k, r = axes("h k r")
 n, v, e = axes("n v e")
+(f,) = axes("f")
 B = Axis("batch", "batch")
 
 
@@ -193,13 +195,19 @@ def logsumexp(dtype="f32"):
                  "logsumexp")
 
 
-@register("cross_entropy", "loss[n] = logsumexp_v L[n,v] − L[n, label]  (Y one-hot over v)",
-          lambda L, Y: _lse_ref(L) - jnp.sum(L * Y, axis=-1), inputs={"Y": "onehot:v"})
+def _ce_ref(L, label):
+    picked = jnp.take_along_axis(L, jnp.asarray(label, jnp.int32)[:, None], axis=-1)[:, 0]
+    return _lse_ref(L) - picked
+
+
+@register("cross_entropy",
+          "loss[n] = logsumexp_v L[n,v] − L[n, label[n]]  (integer labels: take_along_axis)",
+          _ce_ref, inputs={"label": "index:v"})
 def cross_entropy(dtype="f32"):
-    def f(L, Y):
-        picked = ops.contract(L, Y, out=(n,), name="pick label", as_="t")
+    def f(L, label):
+        picked = ops.take_along_axis(L, label, v, name="pick label", as_="t")
         return ops.sub(ops.logsumexp(L, v, as_="l"), picked, as_="loss")
-    return trace(f, {"L": Array(n, v, dtype=dtype), "Y": Array(n, v, dtype=dtype)},
+    return trace(f, {"L": Array(n, v, dtype=dtype), "label": Array(n, dtype="int32")},
                  "cross_entropy")
 
 
@@ -232,3 +240,78 @@ def rmsnorm_matmul(dtype="f32"):
         return ops.contract(Xn, W, out=(n, e), name="matmul", as_="Y")
     return trace(f, {"X": Array(n, d, dtype=dtype), "G": Array(d, dtype=dtype),
                      "W": Array(d, e, dtype=dtype)}, "rmsnorm_matmul")
+
+
+# ----------------------------------------------------------------------------- new primitives
+def _mh_attn_ref(Q, K, V, bias=None, mask=None, sink=None):
+    """Multi-head attention in plain jnp: Q[h,q,d], K,V[h,x,d]; ``bias`` [h,q,x] added to the
+    scaled scores; ``mask`` [q,x] of kept entries; ``sink`` [h], one extra logit per row."""
+    s = jnp.einsum("hqd,hkd->hqk", Q, K) / np.sqrt(Q.shape[-1])
+    if bias is not None:
+        s = s + bias
+    if mask is not None:
+        s = jnp.where(mask[None], s, -1e30)
+    m = jnp.max(s, axis=-1, keepdims=True)
+    if sink is not None:
+        m = jnp.maximum(m, sink[:, None, None])
+    e = jnp.exp(s - m)
+    z = jnp.sum(e, axis=-1, keepdims=True)
+    if sink is not None:
+        z = z + jnp.exp(sink[:, None, None] - m)
+    out = jnp.einsum("hqk,hkd->hqd", e / z, V)
+    if mask is not None and sink is None:
+        out = jnp.where(mask.any(-1)[None, :, None], out, 0.0)  # a row that keeps no key
+    return out
+
+
+def _alibi_ref(Q, K, V, slopes):
+    nq, nx = Q.shape[1], K.shape[1]
+    rel = np.arange(nq)[:, None] - np.arange(nx)[None, :]
+    bias = -slopes[:, None, None] * rel[None]
+    return _mh_attn_ref(Q, K, V, bias=bias, mask=np.tril(np.ones((nq, nx), bool)))
+
+
+@register("alibi_attention",
+          "causal multi-head attention with ALiBi: scores − slope[h]·(q − x) (positions along q "
+          "and x)", _alibi_ref)
+def alibi_attention(dtype="f32"):
+    def fn(Q, K, V, slopes):
+        S = ops.contract(Q, K, out=(h, q, x), name="QK^T", as_="S")
+        S = ops.scale(S, 1 / sympy.sqrt(d.size), as_="S")
+        rel = ops.sub(ops.positions(q, as_="pos_q"), ops.positions(x, as_="pos_x"), as_="q−x")
+        S = ops.sub(S, ops.mul(slopes, rel, as_="bias"), as_="S")
+        S = ops.causal_mask(S, q, x, as_="S")
+        P = ops.softmax(S, x, as_="P")
+        return ops.contract(P, V, out=(h, q, d), name="PV", as_="O")
+    return trace(fn, {"Q": Array(h, q, d, dtype=dtype), "K": Array(h, x, d, dtype=dtype),
+                      "V": Array(h, x, d, dtype=dtype), "slopes": Array(h, dtype=dtype)},
+                 "alibi_attention")
+
+
+@register("sink_attention",
+          "multi-head attention with one learned sink logit per head (sink[h]: softmax mass "
+          "without a value)", lambda Q, K, V, sink: _mh_attn_ref(Q, K, V, sink=sink))
+def sink_attention(dtype="f32"):
+    def fn(Q, K, V, sink):
+        S = ops.contract(Q, K, out=(h, q, x), name="QK^T", as_="S")
+        S = ops.scale(S, 1 / sympy.sqrt(d.size), as_="S")
+        P = ops.softmax(S, x, sink=sink, as_="P")
+        return ops.contract(P, V, out=(h, q, d), name="PV", as_="O")
+    return trace(fn, {"Q": Array(h, q, d, dtype=dtype), "K": Array(h, x, d, dtype=dtype),
+                      "V": Array(h, x, d, dtype=dtype), "sink": Array(h, dtype=dtype)},
+                 "sink_attention")
+
+
+def _gelu_ref(z):
+    import jax.scipy.special as jsp
+    return 0.5 * z * (1.0 + jsp.erf(z / np.sqrt(2.0)))
+
+
+@register("mlp", "Y[n,f] = gelu(X[n,d]·W1[d,e]) · W2[e,f]  (the exact, erf form of gelu)",
+          lambda X, W1, W2: _gelu_ref(X @ W1) @ W2)
+def mlp(dtype="f32"):
+    def fn(X, W1, W2):
+        H = ops.gelu(ops.contract(X, W1, out=(n, e), name="up", as_="U"), as_="H")
+        return ops.contract(H, W2, out=(n, f), name="down", as_="Y")
+    return trace(fn, {"X": Array(n, d, dtype=dtype), "W1": Array(d, e, dtype=dtype),
+                      "W2": Array(e, f, dtype=dtype)}, "mlp")

@@ -38,6 +38,8 @@ JNP_DTYPES = {
     "fp8": jnp.float8_e4m3fn, "int32": jnp.int32, "int8": jnp.int8, "bool": jnp.bool_,
 }
 FLOATING = ("f64", "f32", "bf16", "f16", "fp8")
+INTEGER = ("int32", "int8")
+_LOW_NP = tuple(jnp.dtype(t) for t in (jnp.bfloat16, jnp.float16, jnp.float8_e4m3fn))
 _WIDTH = {"bool": 0, "int8": 1, "int32": 2, "fp8": 3, "bf16": 4, "f16": 4, "f32": 5, "f64": 6}
 
 # The large negative used by masks (a finite number, so a fully masked row
@@ -283,6 +285,8 @@ UNARY = {
     "exp": "exp", "log": "log", "tanh": "tanh", "neg": "negative", "sigmoid": "sigmoid",
     "square": "square", "sqrt": "sqrt", "rsqrt": "rsqrt", "recip": "reciprocal",
     "relu": "relu", "silu": "silu", "abs": "abs", "id": None,
+    # x·Φ(x): the exact (erf) form, and the tanh form (jax.nn.gelu's two)
+    "gelu": "gelu", "gelu_tanh": "gelu_tanh",
     # x where finite, else 0: the shift of a running max that has seen only −∞ (or
     # +∞), so that exp(x − shift) is exp(−∞) = 0 rather than exp(−∞ + ∞) = NaN
     "finite_or_zero": "finite_or_zero",
@@ -292,9 +296,13 @@ PARAM_UNARY = {
     "softcap": lambda xp, x, c: xp.multiply(xp.tanh(xp.divide(x, c)), c),
     "add_const": lambda xp, x, c: xp.add(x, c),
     "pow": lambda xp, x, c: xp.power(x, c),
+    # max(x, c) and min(x, c) with a constant c (either side: both commute)
+    "max_const": lambda xp, x, c: xp.maximum(x, c),
+    "min_const": lambda xp, x, c: xp.minimum(x, c),
 }
 # Transcendental maps run on the special-function unit (cost and lowering care).
-TRANSCENDENTAL = {"exp", "log", "tanh", "sigmoid", "sqrt", "rsqrt", "silu", "softcap"}
+TRANSCENDENTAL = {"exp", "log", "tanh", "sigmoid", "sqrt", "rsqrt", "silu", "softcap", "gelu",
+                  "gelu_tanh"}
 
 
 @dataclass(frozen=True)
@@ -327,6 +335,8 @@ class Map(Spec):
     def absorbs(self, tag, port, ins, axis):
         if self.fn == "id" or (self.fn == "scale" and sympy.sympify(self.param).is_positive):
             return tag
+        if self.fn == "min_const" and tag == "NEG":
+            return "NEG"  # min(fill, c) <= fill: still about the fill (max(fill, c) is c: no)
         return "ZERO" if self.fn == "exp" and tag == "NEG" else None
 
     def infer(self, ins):
@@ -415,7 +425,8 @@ class Reduce(Spec):
     def neutral(self, axis):
         if axis != self.axis:
             return None
-        return {"sum": 0.0, "max": float("-inf"), "logsumexp": float("-inf")}.get(self.fn)
+        return {"sum": 0.0, "mean": 0.0, "max": float("-inf"),
+                "logsumexp": float("-inf")}.get(self.fn)
 
     def absorbs(self, tag, port, ins, axis):
         if self.axis == axis and ((tag == "NEG" and self.fn in ("max", "logsumexp"))
@@ -429,7 +440,18 @@ class Reduce(Spec):
         return (ins[0].without(self.axis),)
 
     def evaluate(self, ctx, ins, outs, x):
-        return (getattr(ctx.xp, self.fn)(x, ins[0].names.index(self.axis)),)
+        i, xp = ins[0].names.index(self.axis), ctx.xp
+        if self.fn == "mean" and not xp.symbolic:
+            # the mean is Σ / |axis|, the declared size: a kernel's padded block is longer
+            # (its padding the neutral 0), so it divides by the size, not the extent
+            try:
+                n = ctx.number(ins[0].axis(self.axis).size)
+            except NapkinError:
+                n = x.shape[i]
+            if x.shape[i] != n:
+                total = xp.sum(xp.astype(x, jnp.float32), i)
+                return (xp.astype(xp.multiply(total, xp.const(1.0 / n, total)), x.dtype),)
+        return (getattr(xp, self.fn)(x, i),)
 
     def flops(self, ins, outs):
         return ins[0].numel * (4 if self.fn == "logsumexp" else 1)
@@ -464,6 +486,61 @@ class Softmax(Spec):
 
     def label(self):
         return f"softmax_{self.axis}"
+
+
+@dataclass(frozen=True)
+class SinkSoftmax(Softmax):
+    """Softmax over ``axis`` with an attention *sink*: one extra logit s per row (input 1,
+    its axes a subset of the others) that takes probability mass and carries no value:
+    P = exp(x − m) / (Σ exp(x − m) + exp(s − m)), m = max(max x, s).  A row whose scores
+    are all masked keeps the sink: its probabilities are 0 (the sink takes the mass); a
+    row with neither a score nor a finite sink (everything −∞ or the mask's fill) gives
+    zeros, as softmax does.  ``sink`` marks the two-input form (a field, so fingerprints
+    tell the two apart); it is always True."""
+    sink: bool = True
+    n_in: ClassVar[int] = 2
+
+    def __post_init__(self):
+        if self.sink is not True:
+            raise NapkinError("a sink softmax has sink=True (use Softmax for none)")
+
+    def infer(self, ins):
+        self.check_arity(ins)
+        x, s = ins
+        x.axis(self.axis)
+        if s.has(self.axis):
+            raise NapkinError(f"softmax: the sink {s} has the softmax axis {self.axis}; a sink "
+                              f"is one logit per row (its axes a subset of {x} without "
+                              f"{self.axis})")
+        extra = [n for n in s.names if not x.has(n)]
+        if extra:
+            raise NapkinError(f"softmax: the sink {s} has axis {extra[0]}, which the scores {x} "
+                              f"lack")
+        merge_axes(ins, "softmax sink")
+        return (x,)
+
+    def evaluate(self, ctx, ins, outs, x, s):
+        xp, names = ctx.xp, ins[0].names
+        i = names.index(self.axis)
+        dt = getattr(x, "dtype", None)
+        low = dt is not None and dt in _LOW_NP
+        if low:  # normalise a low-precision row in f32 (as the kernels do), round once
+            x, s = xp.astype(x, jnp.float32), xp.astype(s, jnp.float32)
+        shape = list(x.shape)
+        shape[i] = 1
+        s = align(xp, s, ins[1].names, names)
+        m = xp.maximum(xp.reshape(xp.max(x, i), shape), s)
+        shift = xp.finite_or_zero(m)  # a row of −∞ and a −∞ sink: exp(−∞) = 0, not NaN
+        e = xp.exp(xp.subtract(x, shift))
+        z = xp.add(xp.reshape(xp.sum(e, i), shape), xp.exp(xp.subtract(s, shift)))
+        p = xp.guard(xp.divide(e, z), m)
+        return (xp.astype(p, dt) if low else p,)
+
+    def flops(self, ins, outs):
+        return 5 * ins[0].numel + 3 * outs[0].without(self.axis).numel
+
+    def label(self):
+        return f"softmax_{self.axis}+sink"
 
 
 # --------------------------------------------------------------------------- masks
@@ -613,3 +690,223 @@ class Fill(Spec):
 
     def label(self):
         return f"fill({self.value:g})"
+
+
+# --------------------------------------------------------------------------- comparisons, select
+COMPARE = {"lt": ("less", "<"), "le": ("less_equal", "<="), "gt": ("greater", ">"),
+           "ge": ("greater_equal", ">="), "eq": ("equal", "=="), "ne": ("not_equal", "!=")}
+_FLIPPED = {"lt": "gt", "le": "ge", "gt": "lt", "ge": "le", "eq": "eq", "ne": "ne"}
+
+
+def _number(value, what: str):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise NapkinError(f"{what}: expected a Python number, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class Compare(Spec):
+    """``a < b`` (``fn`` one of lt le gt ge eq ne) entry by entry, a boolean array; an input
+    lacking an axis is broadcast.  With ``const`` (a number) the box has one input x and
+    compares ``x fn const`` (a constant on the left is the flipped comparison: 2 < x is
+    x > 2)."""
+    fn: str
+    const: float | None = None
+    kind: ClassVar[str] = "compare"
+    elementwise = True
+    colour = "#f5d3d3"
+
+    def __post_init__(self):
+        if self.fn not in COMPARE:
+            raise NapkinError(f"unknown comparison {self.fn!r}; known: {', '.join(COMPARE)}")
+        if self.const is not None:
+            object.__setattr__(self, "const", _number(self.const, COMPARE[self.fn][0]))
+
+    @property
+    def n_in(self):
+        return 2 if self.const is None else 1
+
+    @property
+    def commutative(self):
+        return self.fn in ("eq", "ne") and self.const is None
+
+    @property
+    def infix(self):
+        return (COMPARE[self.fn][1], 0) if self.const is None else None
+
+    def flipped(self) -> str:
+        return _FLIPPED[self.fn]
+
+    def infer(self, ins):
+        self.check_arity(ins)
+        seen = merge_axes(ins, COMPARE[self.fn][0])
+        return (ArrayType(tuple(seen.values()), "bool"),)
+
+    def evaluate(self, ctx, ins, outs, a, *rest):
+        xp, names = ctx.xp, outs[0].names
+        f = getattr(xp, COMPARE[self.fn][0])
+        if self.const is not None:  # a Python number: weakly typed, as in JAX
+            c = sympy.sympify(self.const) if xp.symbolic else self.const
+            return (f(align(xp, a, ins[0].names, names), c),)
+        return (f(align(xp, a, ins[0].names, names), align(xp, rest[0], ins[1].names, names)),)
+
+    def label(self):
+        name = COMPARE[self.fn][0]
+        return name if self.const is None else f"{name}({self.const:g})"
+
+
+@dataclass(frozen=True)
+class Where(Spec):
+    """``where(cond, a, b)``: a where cond holds, else b, entry by entry; an input lacking
+    an axis is broadcast.  ``a`` or ``b`` may be a constant (the fields; the box then has
+    no input for it).  The result's dtype is promoted from a and b (a constant does not
+    promote, as a Python number does not in JAX)."""
+    a: float | None = None
+    b: float | None = None
+    kind: ClassVar[str] = "where"
+    elementwise = True
+    colour = "#f5d3d3"
+
+    def __post_init__(self):
+        for f in ("a", "b"):
+            v = getattr(self, f)
+            if v is not None:
+                object.__setattr__(self, f, _number(v, "where"))
+
+    @property
+    def n_in(self):
+        return 1 + (self.a is None) + (self.b is None)
+
+    def infer(self, ins):
+        self.check_arity(ins)
+        if ins[0].dtype != "bool":
+            raise NapkinError(f"where: the condition {ins[0]} has dtype {ins[0].dtype}, not bool "
+                              f"(compare first: ops.less, ops.greater, ...)")
+        seen = merge_axes(ins, "where")
+        values = [t.dtype for t in ins[1:]]
+        dtype = promote(values) if values else "f32"
+        if dtype not in FLOATING and any(isinstance(c, float) for c in (self.a, self.b)):
+            dtype = "f32"  # a float constant beside integers: a float result, as in JAX
+        return (ArrayType(tuple(seen.values()), dtype),)
+
+    def evaluate(self, ctx, ins, outs, cond, *rest):
+        xp, names = ctx.xp, outs[0].names
+        it = iter(zip(ins[1:], rest))
+        branches = []
+        for const in (self.a, self.b):
+            if const is None:
+                t, v = next(it)
+                branches.append(align(xp, v, t.names, names))
+            else:  # a Python number: weakly typed, as in JAX
+                branches.append(sympy.sympify(const) if xp.symbolic else const)
+        return (xp.where(align(xp, cond, ins[0].names, names), *branches),)
+
+    def label(self):
+        show = lambda v: "·" if v is None else f"{v:g}"  # noqa: E731
+        return "where" if self.a is None and self.b is None else \
+            f"where(·, {show(self.a)}, {show(self.b)})"
+
+
+# --------------------------------------------------------------------------- positions, take
+@dataclass(frozen=True)
+class Positions(Spec):
+    """The global index of every position along ``axis`` (iota; no inputs): inside a group
+    or a stream chunk the piece's start (``EvalContext.offsets``) is added, so the values
+    are right in every tile, as a mask's indices are.  ``size`` is the axis' size (the
+    box knows its extent); ``dtype`` its output's (integers are exact in f32 up to 2²⁴)."""
+    axis: str
+    size: Any
+    dtype: str = "f32"
+    kind: ClassVar[str] = "positions"
+    n_in: ClassVar[int] = 0
+    colour = "#dcefd2"
+
+    def __post_init__(self):
+        object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
+        object.__setattr__(self, "size", Axis(self.axis, self.size).size)
+
+    def infer(self, ins):
+        self.check_arity(ins)
+        return (ArrayType((Axis(self.axis, self.size),), self.dtype),)
+
+    def evaluate(self, ctx, ins, outs, *xs):
+        xp = ctx.xp
+        n = ctx.number(self.size)
+        if n != int(n):
+            raise NapkinError(f"positions_{self.axis}: size {self.size} = {n:g} is not an integer")
+        i = xp.arange(int(n))
+        start = ctx.offsets.get(self.axis, 0)
+        if not (isinstance(start, int) and start == 0):
+            i = i + start
+        dtype = "f32" if self.dtype in ("bf16", "f16", "fp8") else self.dtype
+        return (xp.astype(i, JNP_DTYPES[dtype]),)
+
+    def flops(self, ins, outs):
+        return sympy.Integer(0)
+
+    def relabelled(self, axis, size):
+        return Positions(self.axis, size, self.dtype) if axis == self.axis else self
+
+    def label(self):
+        return f"positions_{self.axis}"
+
+
+@dataclass(frozen=True)
+class TakeAlong(Spec):
+    """``take_along_axis``: out[…] = x[…, index[…], …] — x (input 0) without ``axis``, at the
+    position an integer ``index`` (input 1; its axes a subset of x's others, broadcast)
+    names.  Meaning: Σ over ``axis`` of x where the GLOBAL position equals the index, else
+    0 — exact, streamable with the sum accumulator (a chunk contributes only where the
+    index falls in it, the chunk's offset added as for masks), 0 its neutral element, and
+    written in a kernel without a gather (a compare, a select, a sum).  An index outside
+    [0, |axis|) picks 0."""
+    axis: str
+    kind: ClassVar[str] = "take"
+    n_in: ClassVar[int] = 2
+    colour = "#fbe0c4"
+
+    def neutral(self, axis):
+        return 0.0 if axis == self.axis else None
+
+    def absorbs(self, tag, port, ins, axis):
+        if port != 0:
+            return None
+        if axis == self.axis:
+            return "ABSORBED" if tag == "ZERO" else None  # a masked fill could be picked
+        return tag  # woven over the masked axis: picks entry by entry
+
+    def infer(self, ins):
+        self.check_arity(ins)
+        x, index = ins
+        if not x.has(self.axis):
+            raise NapkinError(f"take_along_axis: the array {x} has no axis {self.axis}")
+        if index.dtype not in INTEGER:
+            raise NapkinError(f"take_along_axis: the index {index} has dtype {index.dtype}; an "
+                              f"index is an integer array ({' or '.join(INTEGER)})")
+        if index.has(self.axis):
+            raise NapkinError(f"take_along_axis: the index {index} has axis {self.axis}, the "
+                              f"axis it takes along (its axes are {x}'s others, or some of "
+                              f"them)")
+        extra = [n for n in index.names if not x.has(n)]
+        if extra:
+            raise NapkinError(f"take_along_axis: the index {index} has axis {extra[0]}, which "
+                              f"the array {x} lacks")
+        merge_axes(ins, "take_along_axis")
+        return (x.without(self.axis),)
+
+    def evaluate(self, ctx, ins, outs, x, index):
+        xp, names = ctx.xp, ins[0].names
+        i = names.index(self.axis)
+        pos = xp.arange(x.shape[i])
+        start = ctx.offsets.get(self.axis, 0)
+        if not (isinstance(start, int) and start == 0):
+            pos = pos + start
+        pos = align(xp, pos, (self.axis,), names)
+        hit = xp.equal(pos, align(xp, index, ins[1].names, names))
+        return (xp.sum(xp.where(hit, x, xp.const(0, x)), i),)
+
+    def flops(self, ins, outs):
+        return ins[0].numel  # a compare-select and an add per entry
+
+    def label(self):
+        return f"take_{self.axis}"

@@ -136,11 +136,13 @@ def size(name: str) -> sympy.Symbol:
     return sympy.Symbol(name, integer=True, positive=True)
 
 
-def symbols(prefix: str, shape: tuple[int, ...]) -> np.ndarray:
-    """A numpy object array of distinct real sympy symbols."""
+def symbols(prefix: str, shape: tuple[int, ...], integer: bool = False) -> np.ndarray:
+    """A numpy object array of distinct real sympy symbols (``integer``: integer ones, of
+    any sign: an index, which may fall outside its axis)."""
     out = np.empty(shape, dtype=object)
+    kind = {"integer": True} if integer else {"real": True}
     for idx in np.ndindex(*shape):
-        out[idx] = sympy.Symbol(f"{prefix}{''.join(f'_{i}' for i in idx)}", real=True)
+        out[idx] = sympy.Symbol(f"{prefix}{''.join(f'_{i}' for i in idx)}", **kind)
     return out
 
 
@@ -158,7 +160,8 @@ def sym_inputs(diagram, sizes: dict) -> list[np.ndarray]:
     out = []
     for i, (ob, t) in enumerate(zip(diagram.dom.inside, array_types(diagram.dom))):
         shape = tuple(int(sympy.sympify(a.size).subs(env)) for a in t.axes)
-        out.append(symbols(f"{ob.name.lower()}{i}", shape))
+        out.append(symbols(f"{ob.name.lower()}{i}", shape,
+                           integer=t.dtype in ("int32", "int8")))
     return out
 
 
@@ -180,12 +183,28 @@ def _short(e, n: int = 240) -> str:
     return s if len(s) <= n else s[:n] + " …"
 
 
+def _index(s) -> bool:
+    """An index symbol (symbols(..., integer=True)): an integer of any sign."""
+    return bool(s.is_integer) and s.is_positive is None and s.is_nonnegative is None
+
+
 def _probe(expr, rng: random.Random, points: int = 4):
-    """Largest |expr| at random rational points (30 digits), and that point."""
+    """Largest |expr| at random rational points (30 digits), and that point.  Index
+    symbols (integers of any sign) take every combination of the integers −1 … 6 (up to
+    two of them; random ones beyond): a wrong index shows at an integer only."""
+    import itertools
     free = sorted(expr.free_symbols, key=str)
+    ints = [s for s in free if _index(s)]
+    reals = [s for s in free if not _index(s)]
+    if ints and len(ints) <= 2:
+        grid = list(itertools.product(range(-1, 7), repeat=len(ints)))
+    else:
+        grid = [tuple(rng.randint(-1, 6) for _ in ints) for _ in range(points)]
     worst, where = 0.0, {}
-    for _ in range(points):
-        vals = {s: sympy.Rational(Fraction(rng.randint(-40, 40), rng.randint(1, 9))) for s in free}
+    for k in range(max(points, len(grid))):
+        vals = {s: sympy.Integer(v) for s, v in zip(ints, grid[k % len(grid)])} if ints else {}
+        vals.update({s: sympy.Rational(Fraction(rng.randint(-40, 40), rng.randint(1, 9)))
+                     for s in reals})
         v = sympy.N(expr.subs(vals), 30)
         if not v.is_number:
             raise Failed(f"cannot evaluate {_short(v)}")
@@ -447,12 +466,19 @@ def accumulator_obligations(proof: Proof, st: Streamed, sizes: dict, what: str,
 
 
 def bf16(xs):
+    """Floating inputs rounded to bf16 (integer ones, labels and indices, kept)."""
     import jax.numpy as jnp
-    return [jnp.asarray(x, dtype=jnp.bfloat16) for x in xs]
+    return [jnp.asarray(x, dtype=jnp.bfloat16) if _floating(x) else x for x in xs]
 
 
 def as_f64(xs):
-    return [np.asarray(np.asarray(x, dtype=np.float32), dtype=np.float64) for x in xs]
+    return [np.asarray(np.asarray(x, dtype=np.float32), dtype=np.float64) if _floating(x) else x
+            for x in xs]
+
+
+def _floating(x) -> bool:
+    import jax.numpy as jnp
+    return bool(jnp.issubdtype(jnp.result_type(x), jnp.floating))
 
 
 def numeric(lhs, rhs, xs_lhs, xs_rhs=None, sizes_lhs=None, sizes_rhs=None,

@@ -326,6 +326,12 @@ def random_inputs(diagram, sizes: dict, ch: Chooser, special: bool = True):
     xs = []
     for ob in diagram.dom.inside:
         shape = [a.size if isinstance(a.size, int) else sizes[str(a.size)] for a in ob.type.axes]
+        if ob.type.dtype in ("int32", "int8", "bool"):  # indices and flags keep their dtype
+            xs.append(rng.integers(-1, 9, size=shape).astype(np.int32) if ob.type.dtype != "bool"
+                      else rng.random(shape) < 0.5)
+            if ob.type.dtype == "int8":
+                xs[-1] = xs[-1].astype(np.int8)
+            continue
         x = rng.standard_normal(shape)
         if special and x.size and ch.boolean(0.6):
             flat = x.reshape(-1)

@@ -17,8 +17,12 @@ box(x)|_I = box(x|_I) when evaluated with a's offset shifted to min I
 (entrywise, broadcast inputs unsliced), for contractions that keep a (each
 output entry at index i reads inputs only at index i), for reductions,
 softmax and streams over other axes (they act within each a-slice), for
-masks (the keep predicate reads the GLOBAL index of a, which the shifted
-offset restores), for casts, for fills (re-typed to the piece) and for
+masks and positions (they read the GLOBAL index of a, which the shifted
+offset restores), for comparisons, selects and take_along_axis over another
+axis (entrywise in a), for casts, for fills (re-typed to the piece), for boxes
+with no inputs whose output lacks a (positions along another axis), and boxes
+computing from those alone without touching a (constants: the same in every
+piece, so replaying them in each piece changes nothing) and for
 stream and group boxes over other axes (their bodies re-typed; by
 induction, their boxes commute).  The lemma is checked for every primitive
 kind, on symbolic entries, by applying the rule itself to a one-box program
@@ -62,7 +66,8 @@ def one_box_programs():
         out.append((label, trace(fn, ins, label)))
     for fn in UNARY:
         add(f"map {fn}", lambda X, fn=fn: ops._unary(fn)(X), {"X": A(a, b)})
-    params = {"scale": 2, "softcap": 30, "add_const": 3, "pow": 2}
+    params = {"scale": 2, "softcap": 30, "add_const": 3, "pow": 2, "max_const": 0.5,
+              "min_const": -0.5}
     for fn in PARAM_UNARY:
         add(f"map {fn}", lambda X, fn=fn: ops.apply(__import__("napkin.primitives").primitives.Map(
             fn, params[fn]), X)[0], {"X": A(a, b)})
@@ -88,6 +93,25 @@ def one_box_programs():
     add("padding mask, broadcast validity", lambda X, M: ops.padding_mask(X, M),
         {"X": A(a, b), "M": A(b)})
     add("cast", lambda X: ops.cast(X, "f32"), {"X": A(a, b)})
+    for fn in ("less", "less_equal", "greater", "greater_equal", "equal", "not_equal"):
+        f = getattr(ops, fn)
+        add(f"compare {fn}, broadcast input, then where",
+            lambda X, Y, f=f: ops.where(f(X, Y), X, 0.5), {"X": A(a, b), "Y": A(b)})
+        add(f"compare {fn} with a constant, then where",
+            lambda X, Y, f=f: ops.where(f(X, 0.25), Y, X), {"X": A(a, b), "Y": A(b)})
+    add("softmax with a sink over another axis", lambda X, S: ops.softmax(X, b, sink=S),
+        {"X": A(a, b), "S": A(a)})
+    add("positions along a (global: the group's offset)",
+        lambda X: ops.add(X, ops.positions(a)), {"X": A(a, b)})
+    add("positions along another axis (no inputs: replayed in every group)",
+        lambda X: ops.mul(X, ops.positions(b)), {"X": A(a, b)})
+    add("a constant computed from positions along other axes (replayed in every group)",
+        lambda X: ops.add(X, ops.scale(ops.sub(ops.positions(b), ops.positions(c)), -0.5)),
+        {"X": A(a, b, c)})
+    add("take_along_axis over another axis",
+        lambda X, I: ops.take_along_axis(X, I, b), {"X": A(a, b), "I": Array(a, dtype="int32")})
+    add("take_along_axis over another axis, broadcast index",
+        lambda X, I: ops.take_along_axis(X, I, b), {"X": A(a, b, c), "I": Array(c, dtype="int32")})
     from napkin.arrays import ArrayType
     add("fill carrying a", lambda X: ops.add(X, ops.fill(ArrayType((a, b), "f64"), 1.5)),
         {"X": A(a, b)})

@@ -42,6 +42,19 @@ chunks, logits offset by ±1e4 (overflow in a naive exp), fully masked rows
 (a padding mask; every entry −1e30, where the result is the mean of v) and
 rows whose first chunks are masked (causal with q > x, sliding window), and
 bfloat16 inputs (float32 accumulators) against the float64 meaning.
+
+The attention sink.  With one extra logit s per row (``softmax(x, sink=s)``),
+f_s(x, v) = Σ_j e^{x_j − m} v_j / (Σ_j e^{x_j − m} + e^{s − m}), m = max(max x, s).
+The state and the update are the same, so the fold gives state(x) = (M,
+Σ e^{x_j − M}, Σ e^{x_j − M} v_j) as above; the finalize reads s (a fixed input
+of the stream: it lacks x) and folds it in once: μ* = max(M, s) = m, δ* =
+e^{M − m}, z* = δ*·z + e^{s − m} = Σ e^{x_j − m} + e^{s − m}, o* = δ*·o =
+Σ e^{x_j − m} v_j, result o*/z* = f_s.  The same symbolic obligations check it
+(the Max atoms again cancel term by term).  Rows: all scores masked and s
+finite give z* = 1, o* = 0 — zeros, as f_s gives (the sink takes the mass); s
+= −∞ is the plain softmax, and a row of −∞ with s = −∞ gives zeros, not NaN.
+Adding the sink in every update instead fails the law
+(proofs/wrong_variants.py).
 """
 from __future__ import annotations
 
@@ -61,6 +74,18 @@ def generic(dtype="f64"):
     q, x, d = axes("q x d")
     return trace(lambda S, V: ops.contract(ops.softmax(S, x, as_="P"), V, out=(q, d), as_="O"),
                  {"S": Array(q, x, dtype=dtype), "V": Array(x, d, dtype=dtype)}, "softmax·V")
+
+
+def generic_sink(dtype="f64"):
+    """softmax over x of S[q,x] with a sink s[q], contracted with V[x,d] over x."""
+    from napkin import ops
+    from napkin.arrays import axes
+    from napkin.trace import Array, trace
+    q, x, d = axes("q x d")
+    return trace(lambda S, s, V: ops.contract(ops.softmax(S, x, sink=s, as_="P"), V,
+                                              out=(q, d), as_="O"),
+                 {"S": Array(q, x, dtype=dtype), "s": Array(q, dtype=dtype),
+                  "V": Array(x, d, dtype=dtype)}, "softmax+sink·V")
 
 
 def attention_with(dtype="f64", offset=None, padding=False):
@@ -151,6 +176,20 @@ def numeric_part(proof: Proof, rng: np.random.Generator):
     proof.check("bfloat16 inputs, float32 accumulators (tolerance 2e-2 relative)", low_precision,
                 "numeric")
 
+    def sink_rows():
+        D = generic_sink()
+        S, s, V = sample(D, {**sizes, "q": 6}, rng, scale=3.0)
+        S[0] = -1e30              # every score masked, a finite sink: zeros
+        S[1] = -np.inf            # a row of −∞, a finite sink: zeros
+        S[2] = -np.inf
+        s[2] = -np.inf            # nothing at all: zeros, not NaN
+        s[3] = -np.inf            # no sink: the plain softmax
+        s[4] = 1e4                # a sink far above the scores: (almost) all the mass
+        S[5] += 1e4               # large logits, the sink far below
+        return numeric(D, streamed(D), [S, s, V], sizes_rhs=tiles, tol=1e-12, nonfinite=True)
+    proof.check("sink: masked and −∞ rows with a finite sink, no sink, a sink of −∞ on a row of "
+                "−∞, a dominant sink, large logits (float64, ragged chunks)", sink_rows, "numeric")
+
 
 def prove():
     proof = Proof(RULE, __name__, __doc__)
@@ -167,5 +206,23 @@ def prove():
                 "structure")
     if st is not None:
         symbolic_part(proof, st)
+    sink = {}
+
+    def derive_sink():
+        st = stream_rule(generic_sink(), "x")
+        if st.spec.rule != RULE:
+            raise Failed(f"stream_partition used the accumulator {st.spec.rule!r}")
+        fin = [ob.name for ob in st.spec.finalize.dom.inside]
+        if "s" not in fin:
+            raise Failed(f"the finalize does not read the sink (its inputs {fin})")
+        sink["st"] = st
+        return f"stream_partition claims softmax_x(S, sink=s)·V with {st.spec.rule}; the " \
+               f"finalize reads {', '.join(fin)}"
+    proof.check("with a sink: the same accumulator, the sink read by the finalize", derive_sink,
+                "structure")
+    if "st" in sink:
+        accumulator_obligations(proof, sink["st"], {"q": 1, "d": 1},
+                                "softmax_x(S, sink=s)·V", pairs=((1, 1), (1, 2), (2, 1), (2, 2)),
+                                folds=((1, 1, 1), (2, 1)), uniform=((3, 2),))
     numeric_part(proof, np.random.default_rng(20240607))
     return proof.result()

@@ -30,8 +30,11 @@ Checks: the rule is applied to programs exercising each part — linear
 cross-entropy over v (pre: X·W woven over v; claims: logsumexp and a
 contraction; post: a subtraction), causal attention over x (pre: QKᵀ, the
 scale and an index-dependent mask that needs the chunk offsets; claim:
-softmax·V), and max + mean of exp X (two accumulators, a pre and a post
-box) — and the fused accumulator is verified on symbolic entries like any
+softmax·V), max + mean of exp X (two accumulators, a pre and a post
+box), and ALiBi attention over x (positions along x: a pre box with no inputs,
+replayed on every chunk at the chunk's offset; positions along q: invariant)
+— and cross-entropy with integer labels over v (logsumexp and a take along v in one
+pass; the label, an integer symbol, read whole by every chunk) — and the fused accumulator is verified on symbolic entries like any
 accumulator (base case, law, folds, the Stream box with ragged chunks).
 The premises are checked to be enforced.  Numerically, through
 ``napkin.semantics.evaluate``: linear cross-entropy (float64 at random sizes,
@@ -71,7 +74,11 @@ def prove():
               {"n": 1, "d": 2}, {"logsumexp", "sum_contraction"}),
              ("causal attention over x", library("causal_attention", "f64"), "x",
               {"q": 2, "d": 1}, {"softmax_contraction"}),
-             ("max_x X + mean_x exp X", max_plus_mean(), "x", {"n": 1}, {"max", "sum_contraction"})]
+             ("max_x X + mean_x exp X", max_plus_mean(), "x", {"n": 1}, {"max", "sum_contraction"}),
+             ("ALiBi attention over x", library("alibi_attention", "f64"), "x",
+              {"h": 1, "q": 2, "d": 1}, {"softmax_contraction"}),
+             ("cross-entropy with integer labels over v", library("cross_entropy", "f64"), "v",
+              {"n": 1}, {"logsumexp", "sum_contraction"})]
     for what, D, axis, sizes, rules in cases:
         box = {}
 
@@ -148,4 +155,15 @@ def prove():
             D, R, sample(D, sz, rng), sizes_rhs={"g_q": g, "s_x": CHUNK}, tol=1e-12)
     proof.check("causal attention grouped over q, then streamed over x inside the group "
                 "(FlashAttention; the mask reads both offsets) (float64, JAX)", flash, "numeric")
+
+    def alibi():
+        alg = get("alibi_attention")
+        D = library("alibi_attention", "f64")
+        R = apply_rule("group_partition", D, {"axis": "q"})
+        R = apply_rule(RULE, R, {"axis": "x"}, path=(0,))
+        sz, g = {"h": 2, **{k: SIZES[k] for k in "qxd"}}, SIZES["q"] // 2 + 1
+        return f"{sz}, g_q={g}, s_x={CHUNK}: " + numeric(
+            D, R, alg.sample(rng, sz), sizes_rhs={"g_q": g, "s_x": CHUNK}, tol=1e-12)
+    proof.check("ALiBi attention grouped over q, streamed over x: positions along x replayed "
+                "per chunk at its offset, along q per group (float64, ragged)", alibi, "numeric")
     return proof.result()

@@ -23,6 +23,18 @@ Numeric checks through ``napkin.semantics.evaluate``: a matmul streamed over
 its contracted axis at random sizes with a ragged last chunk (float64), the
 mean with a ragged chunk (the 1/|x| must be the full length), and bfloat16
 inputs accumulated in float32.
+
+take_along_axis over x is a sum too: take(X, i)[n] = Σ_j [o + j = i_n]·X[n, j]
+with o the global offset of the piece (0 for the whole axis), so for chunks
+x, y of lengths n₁, n₂ the terms of y carry o = n₁ and Σ_{x ⊕ y} = Σ_x + Σ_y
+as before — provided the update reads the chunk's offset (the stream shifts
+it, as it does for masks).  The symbolic check takes the index i_n as an
+integer symbol: each term is Piecewise((X[n,j], Eq(i_n, o + j)), (0, True)),
+identical on both sides term by term, so the law holds for every index value,
+out-of-range ones (which pick 0) included.  A take that reads chunk-local
+positions fails the law (proofs/wrong_variants.py).  Numerically: random
+integer labels, a ragged last chunk, float64; the integer index passes the
+float premise because it is read whole, not accumulated.
 """
 from __future__ import annotations
 
@@ -52,11 +64,22 @@ def reduction(fn, dtype="f64"):
     return trace(lambda X: f(X, x, as_="s"), {"X": Array(n, x, dtype=dtype)}, f"{fn}_x")
 
 
+def take(dtype="f64"):
+    """take_along_axis over x of X[n,x] at an integer index I[n]."""
+    from napkin import ops
+    from napkin.arrays import axes
+    from napkin.trace import Array, trace
+    n, x = axes("n x")
+    return trace(lambda X, I: ops.take_along_axis(X, I, x, as_="t"),
+                 {"X": Array(n, x, dtype=dtype), "I": Array(n, dtype="int32")}, "take_x")
+
+
 def prove():
     proof = Proof(RULE, __name__, __doc__)
     cases = [("contraction A[x,d]·B[x,e] → C[d,e]", contraction(), {"d": 1, "e": 2}),
              ("sum_x X", reduction("sum"), {"n": 1}),
-             ("mean_x X", reduction("mean"), {"n": 1})]
+             ("mean_x X", reduction("mean"), {"n": 1}),
+             ("take_along_axis_x(X, I) (I an integer symbol)", take(), {"n": 1})]
     streams = {}
 
     def derive():
@@ -100,4 +123,17 @@ def prove():
         a = numeric(D64, R, as_f64(x16), x16, sizes_rhs={"s_b": CHUNK}, tol=2e-2)
         return f"streamed bf16 vs the float64 meaning: {a}"
     proof.check("bfloat16 matmul, float32 accumulator (tolerance 2e-2 relative)", low, "numeric")
+
+    def taken():
+        nx, c = ragged(rng, 4, 11)
+        sz = {"n": 6, "x": nx}
+        D = take()
+        X, _ = sample(D, sz, rng)
+        index = np.arange(6) % nx   # every chunk, the ragged last one included
+        index[-1] = nx - 1
+        return f"{sz}, s_x={c}: " + numeric(D, stream_rule(D, "x").rewritten,
+                                            [X, index.astype(np.int32)],
+                                            sizes_rhs={"s_x": c}, tol=1e-12)
+    proof.check("take_along_axis streamed over x: labels in every chunk, a ragged last chunk "
+                "(float64 values, int32 index)", taken, "numeric")
     return proof.result()

@@ -13,7 +13,14 @@ breaks:
    maximum, so the accumulator law fails as soon as a later chunk raises the
    max;
 2. max streamed with a sum accumulator: m′ = m + max y from m = 0.  Again the
-   base case holds and the law fails: max x + max y ≠ max(x ⊕ y).
+   base case holds and the law fails: max x + max y ≠ max(x ⊕ y);
+3. take_along_axis streamed with chunk-LOCAL positions (the chunk's offset
+   ignored): the first chunk is right, a later one picks the entry at the
+   index's position within the chunk, so the law fails for an index in a later
+   chunk (the symbolic index takes every integer value);
+4. softmax·V with a sink, the sink added in every update (z′ = δz + Σ exp(y − m)
+   + exp(s − m)) and the finalize without it: one chunk is right, two count the
+   sink twice.
 """
 from __future__ import annotations
 
@@ -68,12 +75,77 @@ def max_with_sum():
     return with_stream(st, wrong)
 
 
+def take_ignoring_offsets():
+    """Variant 3: the update's take reads chunk-local positions."""
+    from napkin import ops
+    from napkin.primitives import EvalContext, TakeAlong
+    from proofs._core import stream_rule
+    from proofs.sum_contraction import take
+
+    @dataclasses.dataclass(frozen=True)
+    class LocalTake(TakeAlong):
+        def evaluate(self, ctx, ins, outs, x, index):
+            local = {k: v for k, v in ctx.offsets.items() if k != self.axis}
+            return super().evaluate(EvalContext(ctx.env, local, ctx.xp, ctx.exact), ins, outs,
+                                    x, index)
+
+        def label(self):
+            return f"take_{self.axis} (chunk-local)"
+    st = stream_rule(take(), "x")
+    spec = st.spec
+    (state,) = spec.init.cod.inside
+
+    def update(acc, X, I):
+        part = ops.apply(LocalTake(spec.axis), X, I, name="Σ chunk")[0]
+        return [ops.add(acc, part, as_=state.name)]
+    wrong = dataclasses.replace(spec, update=_trace_like(update, spec.update,
+                                                         "update (chunk-local take)"),
+                                rule="take with chunk-local positions")
+    return with_stream(st, wrong)
+
+
+def sink_in_every_update():
+    """Variant 4: the sink's exp(s − m) added by every update, not once by the finalize."""
+    from napkin import ops
+    from proofs._core import stream_rule
+    from proofs.softmax_contraction import generic_sink
+    st = stream_rule(generic_sink(), "x")
+    spec = st.spec
+    names = [ob.name for ob in spec.update.dom.inside]
+
+    def update(*args):
+        env = dict(zip(names, args))
+        mu, z, o, S, s, V = (env[k] for k in ("mu", "z", "o", "S", "s", "V"))
+        mu2 = ops.maximum(mu, ops.max_(S, spec.axis), as_="mu")
+        shift = ops.finite_or_zero(mu2, as_="shift")
+        delta = ops.exp(ops.sub(mu, shift), as_="delta")
+        p = ops.exp(ops.sub(S, shift), as_="p")
+        z2 = ops.add(ops.add(ops.mul(z, delta), ops.sum_(p, spec.axis)),
+                     ops.exp(ops.sub(s, shift)), as_="z")
+        o2 = ops.add(ops.mul(o, delta), ops.contract(p, V, out=("q", "d")), as_="o")
+        return [mu2, z2, o2]
+
+    def finalize(mu, z, o, s):
+        return [ops.mul(o, ops.guard(ops.recip(z), mu), as_="O")]
+    wrong = dataclasses.replace(
+        spec, update=_trace_like(update, spec.update, "update (sink every chunk)"),
+        finalize=_trace_like(finalize, spec.finalize, "finalize (no sink)"),
+        rule="softmax_contraction with the sink in every update")
+    return with_stream(st, wrong)
+
+
 VARIANTS = {
     "wrong: softmax_contraction without the rescale exp(μ − μ′)":
         (softmax_without_rescale, {"q": 1, "d": 1}, "softmax_x(S)·V, no rescale",
          {k: SIZES[k] for k in "qxd"}),
     "wrong: max with a sum accumulator (m′ = m + max y)":
         (max_with_sum, {"n": 1}, "max_x X, sum accumulator", {"n": SIZES["n"], "x": SIZES["x"]}),
+    "wrong: take_along_axis streamed with chunk-local positions (the offset ignored)":
+        (take_ignoring_offsets, {"n": 1}, "take_x(X, I), chunk-local",
+         {"n": SIZES["n"], "x": SIZES["x"]}),
+    "wrong: softmax_contraction with the sink added in every update":
+        (sink_in_every_update, {"q": 1, "d": 1}, "softmax_x(S, sink=s)·V, sink per chunk",
+         {k: SIZES[k] for k in "qxd"}),
 }
 
 
@@ -86,7 +158,11 @@ def prove_variant(name: str) -> ProofResult:
 
     def num():
         rng = np.random.default_rng(18)
-        return numeric(st.reference, st.rewritten, sample(st.reference, num_sizes, rng, scale=3.0),
+        # an integer input is an index along the streamed axis
+        kinds = {ob.name: f"index:{st.axis}" for ob in st.reference.dom.inside
+                 if ob.type.dtype in ("int32", "int8")}
+        return numeric(st.reference, st.rewritten,
+                       sample(st.reference, num_sizes, rng, scale=3.0, kinds=kinds),
                        sizes_rhs={f"s_{st.axis}": CHUNK}, tol=1e-9)
     proof.check(f"{what}: float64, ragged last chunk (JAX)", num, "numeric")
     return proof.result()

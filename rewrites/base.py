@@ -61,12 +61,18 @@ class Rule:
 
 @dataclass
 class Claim:
-    """Ops of a region a streamability rule takes over, with their boundary."""
+    """Ops of a region a streamability rule takes over, with their boundary.
+
+    ``inputs`` are what ``update`` reads chunk by chunk; ``extra`` are values without
+    the streamed axis that only ``finalize`` reads (a softmax's sink logit): inputs of
+    the region or values its invariant boxes compute, which the stream hands to the
+    finalize (``Streamability.finalize(..., extra=[...])``)."""
     rule: "Streamability"
     nodes: list[int]
     inputs: list[int]
     outputs: list[int]
     data: dict = field(default_factory=dict)
+    extra: list[int] = field(default_factory=list)
 
 
 class Streamability:
@@ -91,7 +97,8 @@ class Streamability:
     def update(self, graph, claim, axis, state, ins):
         raise NotImplementedError
 
-    def finalize(self, graph, claim, axis, state):
+    def finalize(self, graph, claim, axis, state, extra=()):
+        """The outputs from the final state; ``extra``: the values of ``claim.extra``."""
         raise NotImplementedError
 
 

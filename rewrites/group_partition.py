@@ -3,8 +3,10 @@
 Matches: a convex region of boxes.  Parameters: ``axis``, group ``size`` (an
 int or a symbol such as ``g_q``), memory ``level`` of the groups.
 Premises: every box of the region is woven over the axis and acts on each index
-independently (no box reduces it, softmaxes over it or streams it); every
-region output carries the axis; some input carries it.  Inputs without the axis
+independently (no box reduces it, softmaxes over it or streams it) — or computes a
+constant without the axis (no inputs, e.g. positions along another axis, or only
+such constants as inputs: the same in every group, replayed in each); every region
+output carries the axis; some input carries it.  Inputs without the axis
 are broadcast: re-sent to every group (this is where transfer cost comes from).
 Replacement: one :class:`~napkin.streamed.Group` box whose body is the region
 with the axis relabelled to the group size.
@@ -50,6 +52,21 @@ def _mixing_reason(box, axis: str) -> str | None:
                 if why:
                     return f"{box.name} contains {why}"
     return None
+
+
+def constants(graph, nodes, axis: str) -> set:
+    """The boxes of ``nodes`` that compute constants without ``axis``: no value they touch
+    carries the axis, and their inputs come from such boxes among ``nodes`` (a box with no
+    inputs — positions along another axis — and what is computed from those alone).  A
+    group replays them in every piece: they are the same in each."""
+    pool, out = set(nodes), set()
+    for n in nodes:  # topological order
+        node = graph.nodes[n]
+        if any(graph.nodes[v]["ob"].type.has(axis) for v in (*node["ins"], *node["outs"])):
+            continue
+        if all(next(iter(graph.predecessors(v)), None) in out for v in node["ins"]):
+            out.add(n)
+    return out & pool
 
 
 def nested_groups(box):
@@ -99,8 +116,10 @@ class GroupPartition(Rule):
         why = nesting_reason(reg.boxes(), axis, level)
         if why:
             raise RuleError(f"cannot group {axis} at {level}: {why}")
-        for box in reg.boxes():
-            if not any(ob.type.has(axis) for ob in box.cod.inside):
+        fixed = constants(graph, reg.nodes, axis)
+        for n in reg.nodes:
+            box = graph.nodes[n]["box"]
+            if not any(ob.type.has(axis) for ob in box.cod.inside) and n not in fixed:
                 raise RuleError(f"cannot group {axis}: {box.name} is not woven over {axis} "
                                 f"(its outputs {box.cod} lack the axis)")
             why = mixing_reason(box, axis)
@@ -147,6 +166,15 @@ class GroupPartition(Rule):
                   and mixing_reason(graph.nodes[n]["box"], axis) is None]
             if not ok:
                 continue
+            # constants without the axis (positions along another axis, and what is computed
+            # from them alone) read only inside are replayed in every group, not broadcast
+            fixed, outputs, chosen = constants(graph, order, axis), set(graph.graph["outputs"]), set(ok)
+            for m in reversed(order):
+                users = [u for v in graph.nodes[m]["outs"] for u in graph.successors(v)]
+                if m in fixed and m not in chosen and users and all(u in chosen for u in users) \
+                        and not outputs & set(graph.nodes[m]["outs"]):
+                    chosen.add(m)
+            ok = [m for m in order if m in chosen]
             yield Site(tuple(path), tuple(index[n] for n in ok)), {"axis": axis}
             links = nx.Graph()
             links.add_nodes_from(ok)

@@ -41,6 +41,6 @@ class LogSumExp(Streamability):
         z2 = ops.add(ops.mul(z, delta), ops.sum_(ops.exp(ops.sub(x, shift)), axis), as_="z")
         return [mu2, z2]
 
-    def finalize(self, graph, claim, axis, state):
+    def finalize(self, graph, claim, axis, state, extra=()):
         mu, z = state
         return [ops.add(mu, ops.log(z), as_=ob(graph, claim.outputs[0]).name)]

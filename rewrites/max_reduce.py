@@ -29,5 +29,5 @@ class MaxReduce(Streamability):
     def update(self, graph, claim, axis, state, ins):
         return [ops.maximum(state[0], ops.max_(ins[0], axis), as_=state[0].name)]
 
-    def finalize(self, graph, claim, axis, state):
+    def finalize(self, graph, claim, axis, state, extra=()):
         return [state[0]]

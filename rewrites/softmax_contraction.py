@@ -9,6 +9,12 @@ row that kept no key (μ still the mask's fill, or −∞: as softmax gives).  T
 shift m is μ′ itself whenever μ′ is finite; for a row that has seen only −∞ it
 is 0, so δ and the exponentials are exp(−∞) = 0 rather than exp(−∞ + ∞) = NaN.
 A NaN score makes the row NaN, as jax.nn.softmax does.
+
+With an attention sink s (``ops.softmax(x, axis, sink=s)``: one extra logit per row
+with no value) the state and the update are the same, and the sink folds into the
+finalize, which reads s (``Claim.extra``): μ* = max(μ, s), m* = μ* where finite else 0,
+δ* = exp(μ − m*), z* = δ*z + exp(s − m*), o* = δ*o, result o* · guard(1/z*, μ*).  A row
+whose scores were all masked ends with z* = 1 from the sink and o* = 0: zeros.
 Proof: proofs/softmax_contraction.py.
 """
 from __future__ import annotations
@@ -42,9 +48,11 @@ class SoftmaxContraction(Streamability):
             if not set(s_type.names) <= set(o_type.names):
                 continue  # the rescale δ must broadcast onto the output
             others = [v for v in graph.nodes[c]["ins"] if v != p]
+            sink = list(graph.nodes[n]["ins"][1:])  # the sink logit: the finalize's alone
             out.append(Claim(self, [n, c], [graph.nodes[n]["ins"][0], *others],
                              list(graph.nodes[c]["outs"]),
-                             {"out": cspec.out, "port": graph.nodes[c]["ins"].index(p)}))
+                             {"out": cspec.out, "port": graph.nodes[c]["ins"].index(p)},
+                             extra=sink))
         return out
 
     def state(self, graph, claim, axis):
@@ -75,8 +83,16 @@ class SoftmaxContraction(Streamability):
         o2 = ops.add(ops.mul(o, delta), pv, as_="o")
         return [mu2, z2, o2]
 
-    def finalize(self, graph, claim, axis, state):
+    def finalize(self, graph, claim, axis, state, extra=()):
         mu, z, o = state
+        if extra:  # the sink s: one more logit, mass without a value
+            (s,) = extra
+            mu_s = ops.maximum(mu, s, as_="mu")
+            shift = ops.finite_or_zero(mu_s, as_="shift")
+            delta = ops.exp(ops.sub(mu, shift), as_="delta")
+            z = ops.add(ops.mul(z, delta), ops.exp(ops.sub(s, shift)), as_="z")
+            o = ops.mul(o, delta, as_="o")
+            mu = mu_s
         # a row whose running max is still the mask's fill kept no key: zeros,
         # as softmax itself gives (napkin.primitives.MASKED)
         # o · guard(1/z, μ): the guard acts on a row vector, so the output can

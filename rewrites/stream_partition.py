@@ -98,7 +98,7 @@ def analyse(graph, reg, axis):
                     f"rule covers this (a factor without {axis} can be pulled out of a contraction "
                     f"first: rule normalized_contraction)")
     for c in claims:  # a reduction's inputs, too, must be there chunk by chunk
-        for v in c.inputs:
+        for v in [*c.inputs, *c.extra]:
             if v in reduced or v in post_vals:
                 names = ", ".join(graph.nodes[n]["box"].name for n in c.nodes)
                 raise RuleError(
@@ -114,7 +114,9 @@ def analyse(graph, reg, axis):
         raise RuleError(f"cannot stream over {axis}: the region reduces {axis} with no "
                         f"streamable reduction")
     for c in claims:
-        for v in [*c.inputs, *c.outputs]:
+        # what is accumulated must be floating; an input without the axis (an integer
+        # index of take_along_axis) is read whole by every chunk, never accumulated
+        for v in [*(u for u in c.inputs if has(u)), *c.extra, *c.outputs]:
             if ob(graph, v).type.dtype not in FLOATING:
                 names = ", ".join(graph.nodes[n]["box"].name for n in c.nodes)
                 raise RuleError(f"cannot stream over {axis}: {names} reduces {ob(graph, v)} of "
@@ -135,6 +137,20 @@ def _replay(graph, nodes, env, axis=None, chunk=None):
         env.update(zip(node["outs"], outs))
 
 
+def _needed(graph, boxes, values, env) -> list:
+    """The boxes of ``boxes`` (in their order) that compute ``values`` from ``env`` (the
+    walk stops at values in ``env`` and at boxes outside ``boxes``: claims, whose outputs
+    the finalize provides)."""
+    pool, chosen, todo = set(boxes), set(), [v for v in values if v not in env]
+    while todo:
+        v = todo.pop()
+        (n,) = graph.predecessors(v)
+        if n in pool and n not in chosen:
+            chosen.add(n)
+            todo += [u for u in graph.nodes[n]["ins"] if u not in env]
+    return [n for n in boxes if n in chosen]
+
+
 def build_stream(graph, reg, axis, chunk, claims, pre, post):
     has = lambda v: ob(graph, v).type.has(axis)  # noqa: E731
     states = [c.rule.state(graph, c, axis) for c in claims]
@@ -149,7 +165,10 @@ def build_stream(graph, reg, axis, chunk, claims, pre, post):
     def update(*args):
         state, ins = list(args[:len(flat)]), args[len(flat):]
         env = dict(zip(reg.inputs, ins))
-        _replay(graph, pre, env, axis, chunk)
+        # an invariant box only the finalize reads (positions along another axis) is not
+        # replayed here: only what the claims' updates read
+        _replay(graph, _needed(graph, pre, [v for c in claims for v in c.inputs], env), env,
+                axis, chunk)
         out, i = [], 0
         for c, st in zip(claims, states):
             out += c.rule.update(graph, c, axis, state[i:i + len(st)], [env[v] for v in c.inputs])
@@ -159,11 +178,19 @@ def build_stream(graph, reg, axis, chunk, claims, pre, post):
     def finalize(*args):
         state, rest = list(args[:len(flat)]), args[len(flat):]
         env = dict(zip(fixed, rest))
+        # invariant boxes that compute what a claim's finalize reads go first (a sink
+        # logit scaled inside the region); none for claims without extra values
+        early = _needed(graph, post, [v for c in claims for v in c.extra], env)
+        _replay(graph, early, env)
         i = 0
         for c, st in zip(claims, states):
-            env.update(zip(c.outputs, c.rule.finalize(graph, c, axis, state[i:i + len(st)])))
+            part = state[i:i + len(st)]
+            outs = (c.rule.finalize(graph, c, axis, part, extra=[env[v] for v in c.extra])
+                    if c.extra else c.rule.finalize(graph, c, axis, part))
+            env.update(zip(c.outputs, outs))
             i += len(st)
-        _replay(graph, post, env)
+        _replay(graph, [n for n in _needed(graph, post, reg.outputs, env) if n not in early],
+                env)
         # accumulators run in float32: hand results back in the region's dtypes
         return [env[v] if env[v].type.dtype == ob(graph, v).type.dtype
                 else ops.cast(env[v], ob(graph, v).type.dtype, as_=ob(graph, v).name)

@@ -1,8 +1,12 @@
 """Streamability of sums and contractions: acc ← acc + Σ_chunk.
 
 Claims: a contraction whose output lacks the streamed axis (it sums over it),
-and ``sum`` / ``mean`` reductions over the axis.  State: the output (float32
-for low-precision inputs), initialised to 0; a mean is finalised by 1/|axis|.
+``sum`` / ``mean`` reductions over the axis, and ``take_along_axis`` over it (its
+meaning is the sum over the axis of x where the global position equals the index: a
+chunk adds the entry the index names when it falls in the chunk — the chunk's offset
+read from the context, as masks read it — and 0 otherwise; the integer index is a
+fixed input, read whole by every update, never accumulated).  State: the output
+(float32 for low-precision inputs), initialised to 0; a mean is finalised by 1/|axis|.
 Proof: proofs/sum_contraction.py.
 """
 from __future__ import annotations
@@ -27,7 +31,8 @@ class SumContraction(Streamability):
             if not any(t.has(axis) for t in ins):
                 continue
             if (spec.kind == "contract" and axis not in spec.out) or \
-                    (spec.kind == "reduce" and spec.axis == axis and spec.fn in ("sum", "mean")):
+                    (spec.kind == "reduce" and spec.axis == axis and spec.fn in ("sum", "mean")) \
+                    or (spec.kind == "take" and spec.axis == axis):
                 out.append(Claim(self, [n], list(node["ins"]), list(node["outs"])))
         return out
 
@@ -43,11 +48,13 @@ class SumContraction(Streamability):
         spec = graph.nodes[claim.nodes[0]]["box"].spec
         if spec.kind == "contract":
             part = ops.contract(*ins, out=list(spec.out), name="Σ chunk")
+        elif spec.kind == "take":  # the entry the index names, where it falls in the chunk
+            part = ops.apply(spec, *ins, name="Σ chunk")[0]
         else:
             part = ops.sum_(ins[0], axis, name="Σ chunk")
         return [ops.add(state[0], part, as_=state[0].name)]
 
-    def finalize(self, graph, claim, axis, state):
+    def finalize(self, graph, claim, axis, state, extra=()):
         spec = graph.nodes[claim.nodes[0]]["box"].spec
         o = ob(graph, claim.outputs[0])
         if spec.kind == "reduce" and spec.fn == "mean":

@@ -9,7 +9,7 @@ import napkin as nk
 from napkin.library import LIBRARY, get
 from napkin.errors import NapkinError
 
-AXES = ["q", "x", "d", "a", "b", "c", "h", "k", "r", "n", "v", "e", "batch"]
+AXES = ["q", "x", "d", "a", "b", "c", "h", "k", "r", "n", "v", "e", "batch", "f"]
 
 
 def rel_err(out, ref):
@@ -31,7 +31,7 @@ def test_meaning_matches_reference_float64(name, sizes, seed):
 @pytest.mark.parametrize("name", sorted(LIBRARY))
 def test_odd_sizes_and_large_logits(name):
     alg = LIBRARY[name]
-    sizes = {a: s for a, s in zip(AXES, [7, 13, 5, 3, 11, 9, 3, 2, 3, 5, 17, 7, 2])}
+    sizes = {a: s for a, s in zip(AXES, [7, 13, 5, 3, 11, 9, 3, 2, 3, 5, 17, 7, 2, 6])}
     xs = alg.sample(np.random.default_rng(1), sizes, scale=30.0)
     out = nk.evaluate(alg.diagram())(*xs)
     assert np.isfinite(np.asarray(out)).all()

@@ -276,11 +276,16 @@ _UNARY = {
     "rsqrt": "lax.rsqrt({0})", "reciprocal": "1.0 / {0}", "relu": "jnp.maximum({0}, 0.0)",
     "silu": "{0} * jax.nn.sigmoid({0})", "abs": "jnp.abs({0})",
     "finite_or_zero": "jnp.where(jnp.abs({0}) < jnp.inf, {0}, jnp.zeros_like({0}))",
+    # 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))): jax.nn.gelu(approximate=True)
+    "gelu_tanh": "0.5 * {0} * (1.0 + jnp.tanh(0.7978845608028654 * "
+                 "({0} + 0.044715 * ({0} * {0} * {0}))))",
 }
 _BINARY = {
     "add": "{0} + {1}", "subtract": "{0} - {1}", "multiply": "{0} * {1}", "divide": "{0} / {1}",
     "maximum": "jnp.maximum({0}, {1})", "minimum": "jnp.minimum({0}, {1})", "power": "{0} ** {1}",
     "guard": "jnp.where({1} <= -5e29, jnp.zeros_like({0}), {0})",
+    "less": "{0} < {1}", "less_equal": "{0} <= {1}", "greater": "{0} > {1}",
+    "greater_equal": "{0} >= {1}", "equal": "{0} == {1}", "not_equal": "{0} != {1}",
 }
 
 
@@ -291,7 +296,9 @@ _NATIVE_LOW = {"-{0}", "jnp.abs({0})", "jnp.maximum({0}, 0.0)", "{0} * {0}",
                "jnp.where({1} <= -5e29, jnp.zeros_like({0}), {0})",
                "jnp.where(jnp.abs({0}) < jnp.inf, {0}, jnp.zeros_like({0}))",
                "{0} + {1}", "{0} - {1}", "{0} * {1}", "jnp.maximum({0}, {1})",
-               "jnp.minimum({0}, {1})"}
+               "jnp.minimum({0}, {1})",
+               # comparisons: a bool result, never rounded to the operands' dtype
+               "{0} < {1}", "{0} <= {1}", "{0} > {1}", "{0} >= {1}", "{0} == {1}", "{0} != {1}"}
 
 
 def _low(x):
@@ -398,6 +405,43 @@ class Recorder:
             return self.w.let(f"jnp.exp2(({{0}} - {{1}}) * {LOG2E!r})", head, shift)
         y, c = scaled
         return self.w.let(f"jnp.exp2({{0}} * {c * LOG2E!r} - {{1}} * {LOG2E!r})", y, shift)
+
+    # erf and gelu: no lax.erf in Pallas Triton ---------------------------------
+    # erfc(a) for a >= 0, Numerical Recipes' Chebyshev fit (erfcc: fractional error
+    # < 1.2e-7 everywhere): t·exp(−a² + P(t)), t = 1/(1 + a/2); only arithmetic and one exp
+    ERFC_P = (-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806, 0.27886807,
+              -1.13520398, 1.48851587, -0.82215223, 0.17087277)
+
+    def _erfc_abs(self, a):
+        """erfc(a) for a >= 0 (a float32 or float64 Var): Numerical Recipes' erfcc."""
+        poly = repr(self.ERFC_P[-1])
+        for c in reversed(self.ERFC_P[:-1]):  # Horner, in the written expression
+            poly = f"{c!r} + {{0}} * ({poly})"
+        t = self.w.let("1.0 / (1.0 + 0.5 * {0})", a)
+        return self.w.let(f"{{0}} * jnp.exp2((({poly}) - {{1}} * {{1}}) * {LOG2E!r})", t, a)
+
+    def _in_f32(self, x, body):
+        """``body(x)`` computed in float32 for a low-precision x, rounded back once."""
+        x = _arg(x)
+        if not _low(x):
+            return body(x)
+        return self.astype(body(self.astype(x, np.float32)), x.dtype)
+
+    def erf(self, x):
+        """erf(x) = ±(1 − erfc(|x|)): absolute error below 1.2e-7·erfc(|x|) <= 1.2e-7."""
+        def body(x):
+            e = self._erfc_abs(self.w.let("jnp.abs({0})", x))
+            return self.w.let("jnp.where({0} >= 0, 1.0 - {1}, {1} - 1.0)", x, e)
+        return self._in_f32(x, body)
+
+    def gelu(self, x):
+        """x·Φ(x) with Φ(x) = 1 − erfc(x/√2)/2 for x >= 0 and erfc(|x|/√2)/2 below: the
+        erfc's fractional error (< 1.2e-7) is the result's, also far out in the negative
+        tail, where x·(1 + erf(x/√2))/2 would cancel."""
+        def body(x):
+            e = self._erfc_abs(self.w.let(f"jnp.abs({{0}}) * {math.sqrt(0.5)!r}", x))
+            return self.w.let("{0} * jnp.where({0} >= 0, 1.0 - 0.5 * {1}, 0.5 * {1})", x, e)
+        return self._in_f32(x, body)
 
     # reductions ------------------------------------------------------------
     def sum(self, x, axis):

@@ -109,7 +109,9 @@ class _Builder:
         lo, hi = sorted((frm, to))
         levels = tuple(self.names[k] for k in range(lo + 1, hi + 1))
         self.emit(Move("load" if to > frm else "store", ob.name, vals, byts, levels, src, dst))
-        if ob.type.axes:  # coalescing: the contiguous (last) axis moves in aligned runs
+        # coalescing: the contiguous (last) axis of a tile's rows moves in aligned runs (a
+        # 1-D block — one logit per head, a row's statistic — is one run, whatever its length)
+        if len(ob.type.axes) > 1:
             align = math.lcm(*(self.hw.levels[k].align_bytes for k in range(lo + 1, hi + 1)))
             per = max(1, align // bytes_per_value(self.dt(ob)))
             self.require(ob.type.axes[-1].size, f"coalesce {align}B", per)
@@ -126,9 +128,25 @@ class _Builder:
         if f == 0:
             return {}
         unit = spec.unit(ins, outs)
+        if unit == "tensor" and self._batched(ins, outs):
+            unit = "vector"
         if unit == "tensor":
             unit += ":" + max((self.dt(ob) for ob in box.dom.inside), key=bytes_per_value)
         return {unit: f}
+
+    def _batched(self, ins, outs) -> bool:
+        """Whether a matrix product carries a batch axis (in both operands and the output)
+        longer than one tile of 1: tensor cores take one 2-D product at a time, so a kernel
+        runs a batched one as multiply-and-sum on the CUDA cores (a grouped axis's tile of 1
+        leaves the kernel's body, so a tile is no batch)."""
+        if len(ins) != 2:
+            return False
+        out = {a.name for o in outs for a in o.axes}
+        for a in ins[0].axes:
+            if a.name in out and ins[1].has(a.name) and a.size not in self.tiles \
+                    and a.size != 1:
+                return True
+        return False
 
     def _contraction(self, box, ins, outs, R):
         """Record a contraction for the lower bounds, and the tensor-core multiples its
