@@ -10,7 +10,9 @@ with the SYMPY backend on the rule's own diagrams; numeric, through
 * :func:`prove_all` — one result per rule; a rule whose proof module is
   missing, or lacks ``prove``, or whose proof raises, is a failed result.
 * :func:`prove_wrong` — wrong accumulators (softmax without the rescale, max
-  with a sum accumulator) run through the same checker: all must fail.
+  with a sum accumulator) and wrong recognitions (a softmax whose max and sum
+  reduce different axes, a logsumexp without the + m, …) run through the same
+  checkers: all must fail.
 
 Modules are imported by package name only (``importlib``), so this works from
 an installed package in any folder.
@@ -90,6 +92,8 @@ def prove_all(rules=None) -> list[ProofResult]:
 
 
 def prove_wrong() -> list[ProofResult]:
-    """The negative checks: every result must be not ok."""
+    """The negative checks: every result must be not ok (the wrong accumulators, then the
+    wrong recognition entries of proofs.recognize)."""
+    from proofs.recognize import prove_wrong as recognitions
     from proofs.wrong_variants import prove_wrong as run
-    return run()
+    return run() + recognitions()

@@ -46,12 +46,13 @@ def test_proof_modules_are_named_by_the_rules(results):
     assert {r.module for r in results} == {
         f"proofs.{m}" for m in ("group_partition", "stream_partition", "sum_contraction",
                                 "max_reduce", "logsumexp", "softmax_contraction",
-                                "normalized_contraction", "relabel_level")}
+                                "normalized_contraction", "relabel_level", "recognize")}
 
 
 def test_wrong_variants_fail(wrong):
-    assert [r.rule for r in wrong] == list(VARIANTS)  # the driver runs every variant
-    for r in wrong:
+    accumulators = [r for r in wrong if r.module == "proofs.wrong_variants"]
+    assert [r.rule for r in accumulators] == list(VARIANTS)  # the driver runs every variant
+    for r in accumulators:
         assert not r.ok, r.summary()
         failed = [o.description for o in r.failed]
         assert any("accumulator law" in d for d in failed), r.summary()
@@ -61,6 +62,31 @@ def test_wrong_variants_fail(wrong):
         # one chunk is computed right: the base case is not what catches them
         base = [o for o in r.obligations if "base case" in o.description]
         assert base and all(o.ok for o in base)
+
+
+def test_wrong_recognitions_fail(wrong, results):
+    """Plausible but wrong recognition entries (the max over one axis and the sum over another;
+    a logsumexp without the + m; a mean by the wrong axis's length; a softmax shifted by the
+    max of another array along another axis), run through the same obligations as the real
+    table: each fails its symbolic check with a counterexample, and numerically."""
+    from proofs.recognize import _wrong_table
+    mine = [r for r in wrong if r.module == "proofs.recognize"]
+    assert [r.rule for r in mine] == [e.name for e, _ in _wrong_table()]
+    for r in mine:
+        assert not r.ok, r.summary()
+        kinds = {o.kind for o in r.failed}
+        assert kinds == {"symbolic", "numeric"}, r.summary()
+        assert "counterexample" in r.detail, r.summary()
+    # ... while the real rule refuses those hosts, naming the premise
+    (rec,) = [r for r in results if r.rule == "recognize"]
+    premises = [o for o in rec.obligations if o.kind == "premise"]
+    assert len(premises) >= 7 and all(o.ok and o.detail.startswith("refused: ") for o in premises)
+    words = " ".join(o.detail for o in premises)
+    for needle in ("the max reduces v but the sum reduces d", "must read the same array",
+                   "the pattern ends in the addition of the max", "but the pattern needs scale(1/v)",
+                   "is also an output of the program", "outside the pattern",
+                   "the contraction also reduces d"):
+        assert needle in words, needle
 
 
 class _Fake:
