@@ -7,6 +7,7 @@ This package root re-exports the user-facing core.
 from napkin.arrays import ArrayType, Axis, axes, wire
 from napkin.diagram import Diagram, Id
 from napkin.errors import CompositionError, NapkinError, RuleError, ShapeError
+from napkin.from_jax import from_jax
 from napkin.semantics import evaluate
 from napkin.trace import Array, algorithm, trace
 from napkin.weave import weave
