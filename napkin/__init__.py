@@ -7,15 +7,15 @@ This package root re-exports the user-facing core.
 from napkin.arrays import ArrayType, Axis, axes, wire
 from napkin.diagram import Diagram, Id
 from napkin.errors import CompositionError, NapkinError, RuleError, ShapeError
-from napkin.from_jax import from_jax
+from napkin.jaxpr import from_jax
 from napkin.semantics import evaluate
 from napkin.trace import Array, algorithm, trace
 from napkin.weave import weave
 
 __all__ = [
     "Array", "ArrayType", "Axis", "CompositionError", "Diagram", "Id", "NapkinError",
-    "Optimized", "RuleError", "ShapeError", "algorithm", "axes", "evaluate", "optimize", "trace",
-    "wire", "weave",
+    "Optimized", "RuleError", "ShapeError", "algorithm", "axes", "evaluate", "from_jax",
+    "optimize", "trace", "wire", "weave",
 ]
 
 

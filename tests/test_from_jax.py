@@ -1,0 +1,667 @@
+"""napkin.from_jax: plain JAX functions read into diagrams over named axes — their meaning
+equals the function's (float64, random inputs, ragged sizes, other sizes than traced), the
+patterns the search streams are read back as primitives, and everything else is one line
+naming what and why."""
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import napkin as nk
+from napkin.streamed import Group, Stream
+
+S = jax.ShapeDtypeStruct
+F32 = jnp.float32
+
+
+def f32(*shape):
+    return S(shape, F32)
+
+
+def boxes(diagram) -> list[str]:
+    return [b.name for b in diagram.boxes if hasattr(b, "spec")]
+
+
+def same(diagram, fn, *arrays, rtol=1e-10, atol=1e-12):
+    """napkin.evaluate(diagram) equals fn on these arrays, in float64 (both jitted: one
+    compilation each rather than one per primitive)."""
+    with jax.enable_x64(True):
+        got, want = jax.jit(nk.evaluate(diagram))(*arrays), jax.jit(fn)(*arrays)
+        got = got if isinstance(got, tuple) else (got,)
+        want = want if isinstance(want, tuple) else (want,)
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=rtol, atol=atol)
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(0)
+
+
+def normal(rng, *shapes):
+    return [rng.normal(size=s) for s in shapes]
+
+
+# ------------------------------------------------------------------ the README example
+def score_mod(s, i, j):                      # FlexAttention-style: score, query index, key index
+    s = 30.0 * jnp.tanh(s / 30.0)            # soft-capping
+    return jnp.where(j <= i, s, -jnp.inf)    # causal
+
+
+def flex_attention(q, k, v):                 # q[h,q,d], k,v[h,x,d]: plain jnp
+    s = jnp.einsum("hqd,hxd->hqx", q, k) / jnp.sqrt(q.shape[-1])
+    i, j = jnp.arange(q.shape[1])[:, None], jnp.arange(k.shape[1])[None, :]
+    p = jax.nn.softmax(score_mod(s, i, j), axis=-1)
+    return jnp.einsum("hqx,hxd->hqd", p, v)
+
+
+def test_the_readme_attention_reads_as_the_library_primitives_and_means_the_same(rng):
+    d = nk.from_jax(flex_attention, f32(8, 1024, 64), f32(8, 4096, 64), f32(8, 4096, 64),
+                    axes=["h q d", "h x d", "h x d"])
+    assert d.sizes == {"h": 8, "q": 1024, "d": 64, "x": 4096}
+    assert boxes(d) == ["contract->hqx", "scale(1/sqrt(d))", "softcap(30)", "causal",
+                        "softmax_x", "contract->hqd"]
+    assert str(d.dom) == "q[h,q,d] @ k[h,x,d] @ v[h,x,d]" or len(d.dom) == 3
+    # sizes are symbols: the diagram serves every size, ragged ones included
+    same(d, flex_attention, *normal(rng, (3, 7, 5), (3, 11, 5), (3, 11, 5)))
+    same(d, flex_attention, *normal(rng, (2, 13, 4), (2, 6, 4), (2, 6, 4)))
+
+
+def _single_head(q, k, v):
+    s = q @ k.T / jnp.sqrt(q.shape[-1])
+    keep = jnp.arange(q.shape[0])[:, None] >= jnp.arange(k.shape[0])[None, :]
+    s = jnp.where(keep, 30.0 * jnp.tanh(s / 30.0), -jnp.inf)
+    return jax.nn.softmax(s, axis=-1) @ v
+
+
+@pytest.fixture(scope="module")
+def streamed():
+    d = nk.from_jax(_single_head, f32(300, 128), f32(1001, 128), f32(1001, 128),
+                    axes=["q d", "x d", "x d"])
+    return d, nk.optimize(d, sizes=d.sizes, dtype="f32")
+
+
+def _specs(diagram, found=None):
+    found = [] if found is None else found
+    for b in diagram.boxes:
+        spec = getattr(b, "spec", None)
+        if isinstance(spec, (Group, Stream)):
+            found.append(spec)
+            for body in spec.bodies:
+                _specs(body, found)
+    return found
+
+
+def test_optimize_streams_the_keys_with_the_softmax_accumulator(streamed):
+    d, opt = streamed
+    assert opt.sizes == {"q": 300, "x": 1001, "d": 128}
+    assert any(m.rule == "stream_partition" and m.params_dict["axis"] == "x" for m in opt.chain)
+    streams = [s for s in _specs(opt.program) if isinstance(s, Stream)]
+    assert [(s.axis, s.rule) for s in streams] == [("x", "softmax_contraction")]
+
+
+def test_the_kernel_of_an_imported_function_matches_it(streamed, rng):
+    _, opt = streamed
+    small = opt.fit({"q": 45, "x": 77, "d": 16})
+    xs = [a.astype(np.float32) for a in normal(rng, (45, 16), (77, 16), (77, 16))]
+    got = small.kernel(interpret=True, dtype="f32")(*xs)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(_single_head(*xs)), rtol=2e-5,
+                               atol=2e-6)
+
+
+# ------------------------------------------------------------------ more algorithms
+def test_matmul_named_by_shapes(rng):
+    d = nk.from_jax(lambda a, b: a @ b, f32(5, 4), f32(4, 6))
+    assert d.sizes == {"n5": 5, "n4": 4, "n6": 6}
+    assert boxes(d) == ["contract->n5,n6"]
+    same(d, lambda a, b: a @ b, *normal(rng, (9, 3), (3, 2)))   # every size
+    opt = nk.optimize(d, sizes=d.sizes, dtype="f32")
+    assert opt.sizes == d.sizes
+
+
+@pytest.mark.parametrize("approximate,name", [(True, "gelu_tanh"), (False, "gelu")])
+def test_an_mlp_with_jax_gelu_is_the_gelu_primitive(rng, approximate, name):
+    def mlp(x, w1, w2):
+        return jax.nn.gelu(x @ w1, approximate=approximate) @ w2
+    d = nk.from_jax(mlp, f32(5, 4), f32(4, 6), f32(6, 3), axes={"x": "n d", "w1": "d e",
+                                                                "w2": "e f"})
+    assert boxes(d) == ["contract->ne", name, "contract->nf"]
+    same(d, mlp, *normal(rng, (7, 3), (3, 5), (5, 2)))
+
+
+def test_gelu_and_silu_are_read_however_they_are_written(rng):
+    from jax.scipy.special import erf
+
+    def f(x):
+        return (x * (1 + erf(x / jnp.sqrt(2.0))) / 2, x * jax.nn.sigmoid(x),
+                x / (1 + jnp.exp(-x)))
+    d = nk.from_jax(f, f32(4, 3), axes=["n d"])
+    assert boxes(d) == ["gelu", "silu"]  # both silus are one box: common subexpressions
+    same(d, f, *normal(rng, (6, 5)))
+
+
+def test_rmsnorm_reads_mean_and_rsqrt(rng):
+    def rmsnorm(x, g, w):
+        y = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6) * g
+        return y @ w
+    d = nk.from_jax(rmsnorm, f32(5, 4), f32(4), f32(4, 6), axes=["n d", "d", "d e"])
+    assert "mean_d" in boxes(d) and "rsqrt" in boxes(d)
+    same(d, rmsnorm, *normal(rng, (7, 9), (9,), (9, 3)))
+
+
+def test_cross_entropy_with_integer_labels_is_logsumexp_and_take_along_axis(rng):
+    def ce(logits, labels):
+        lse = jax.scipy.special.logsumexp(logits, axis=-1)
+        return lse - jnp.take_along_axis(logits, labels[:, None], axis=-1)[:, 0]
+    d = nk.from_jax(ce, f32(5, 9), S((5,), jnp.int32), axes=["n v", "n"])
+    assert "logsumexp_v" in boxes(d) and "take_v" in boxes(d)
+    assert [ob.type.dtype for ob in d.dom.inside] == ["f32", "int32"]
+    L = rng.normal(size=(6, 11))
+    labels = rng.integers(-11, 11, size=6).astype(np.int32)  # negative ones wrap, as in jnp
+    same(d, ce, L, labels)
+
+
+def test_log_softmax_and_one_hot_cross_entropy(rng):
+    def ce(logits, labels):
+        onehot = jax.nn.one_hot(labels, logits.shape[-1])
+        return -jnp.sum(jax.nn.log_softmax(logits) * onehot, axis=-1)
+    d = nk.from_jax(ce, f32(5, 9), S((5,), jnp.int32), axes=["n v", "n"])
+    assert "logsumexp_v" in boxes(d) and "positions_v" in boxes(d)
+    same(d, ce, rng.normal(size=(4, 7)), rng.integers(0, 7, size=4).astype(np.int32))
+
+
+def test_softmax_written_by_hand_is_the_primitive(rng):
+    def f(s):
+        e = jnp.exp(s - jnp.max(s, axis=0, keepdims=True))
+        naive = jnp.exp(s) / jnp.exp(s).sum(-1, keepdims=True)  # no shift: the same over ℝ
+        return e / e.sum(axis=0, keepdims=True), naive
+    d = nk.from_jax(f, f32(3, 4), axes=["a b"])
+    assert sorted(boxes(d)) == ["softmax_a", "softmax_b"]
+    same(d, f, *normal(rng, (5, 6)))
+
+
+def test_imported_cross_entropy_streams_the_vocabulary_and_its_kernel_matches(rng):
+    def ce(logits, labels):
+        lse = jax.scipy.special.logsumexp(logits, axis=-1)
+        return lse - jnp.take_along_axis(logits, labels[:, None], axis=-1)[:, 0]
+    d = nk.from_jax(ce, f32(4096, 32768), S((4096,), jnp.int32), axes=["n v", "n"])
+    opt = nk.optimize(d, sizes=d.sizes, dtype="f32")
+    assert any(m.rule == "stream_partition" and m.params_dict["axis"] == "v" for m in opt.chain)
+    small = opt.fit({"n": 37, "v": 301})
+    L = rng.normal(size=(37, 301)).astype(np.float32)
+    labels = rng.integers(0, 301, size=37).astype(np.int32)
+    np.testing.assert_allclose(np.asarray(small.kernel(interpret=True)(L, labels)),
+                               np.asarray(ce(L, labels)), rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------ masks from iota
+def _causal(offset=0, fill=-jnp.inf):
+    def attention(q, k, v):
+        s = q @ k.T / jnp.sqrt(q.shape[-1])
+        keep = jnp.arange(k.shape[0])[None, :] <= jnp.arange(q.shape[0])[:, None] + offset
+        return jax.nn.softmax(jnp.where(keep, s, fill), axis=-1) @ v
+    return attention
+
+
+def test_a_causal_mask_via_iota_is_the_causal_mask_and_matches_jax(rng):
+    fn = _causal()
+    d = nk.from_jax(fn, f32(7, 4), f32(9, 4), f32(9, 4), axes=["q d", "x d", "x d"])
+    assert "causal" in boxes(d) and "where" not in " ".join(boxes(d))
+    same(d, fn, *normal(rng, (7, 4), (9, 4), (9, 4)))
+    same(d, fn, *normal(rng, (12, 3), (5, 3), (5, 3)))
+
+
+def test_the_mask_primitive_equals_the_where_it_replaces_even_on_rows_without_keys(rng):
+    """With an offset of −2 the first two rows keep no key: JAX gives NaN there (−∞ fill)
+    and napkin's softmax zeros; the recognised mask and the plain positions/compare/where
+    (kept when the masked scores are also an output) agree on every row."""
+    fn = _causal(offset=-2)
+    masked = nk.from_jax(fn, f32(7, 4), f32(9, 4), f32(9, 4), axes=["q d", "x d", "x d"])
+    assert "causal" in boxes(masked)
+
+    def both(q, k, v):
+        s = q @ k.T / jnp.sqrt(q.shape[-1])
+        keep = jnp.arange(k.shape[0])[None, :] <= jnp.arange(q.shape[0])[:, None] - 2
+        s = jnp.where(keep, s, -jnp.inf)
+        return jax.nn.softmax(s, axis=-1) @ v, s
+    plain = nk.from_jax(both, f32(7, 4), f32(9, 4), f32(9, 4), axes=["q d", "x d", "x d"])
+    assert "causal" not in boxes(plain) and "positions_q" in boxes(plain)
+    xs = normal(rng, (7, 4), (9, 4), (9, 4))
+    with jax.enable_x64(True):
+        a = np.asarray(jax.jit(nk.evaluate(masked))(*xs))
+        b, scores = (np.asarray(t) for t in jax.jit(nk.evaluate(plain))(*xs))
+        ref, ref_scores = (np.asarray(t) for t in both(*xs))
+    np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(a[2:], ref[2:], rtol=1e-10, atol=1e-12)  # rows with a key
+    assert np.all(a[:2] == 0) and np.all(np.isnan(ref[:2]))             # napkin: zeros
+    np.testing.assert_array_equal(scores, ref_scores)                   # −∞ kept as written
+
+
+def test_a_sliding_window_via_iota_is_the_window_mask(rng):
+    def attention(q, k, v):
+        s = q @ k.T * 0.5
+        i, j = jnp.arange(q.shape[0])[:, None], jnp.arange(k.shape[0])[None, :]
+        return jax.nn.softmax(jnp.where((j <= i) & (i - j < 3), s, -1e30), axis=-1) @ v
+    d = nk.from_jax(attention, f32(7, 4), f32(9, 4), f32(9, 4), axes=["q d", "x d", "x d"])
+    assert "window(3)" in boxes(d)
+    same(d, attention, *normal(rng, (7, 4), (9, 4), (9, 4)))
+
+
+def test_a_mask_with_a_small_fill_stays_a_where(rng):
+    fn = _causal(fill=0.0)
+    d = nk.from_jax(fn, f32(7, 4), f32(9, 4), f32(9, 4), axes=["q d", "x d", "x d"])
+    assert "causal" not in boxes(d) and "where(·, ·, 0)" in boxes(d)
+    same(d, fn, *normal(rng, (7, 4), (9, 4), (9, 4)))
+
+
+def test_masks_made_numbers_and_back_are_read_too(rng):
+    """jnp.tril of ones, and jax.nn.dot_product_attention(is_causal=True), build the mask as
+    where(c, 1, 0) read back as bool: still the causal mask."""
+    def tril(s):
+        return jax.nn.softmax(jnp.where(jnp.tril(jnp.ones(s.shape, bool)), s, -jnp.inf), -1)
+    d = nk.from_jax(tril, f32(5, 7), axes=["q x"])
+    assert boxes(d) == ["causal", "softmax_x"]
+    same(d, tril, *normal(rng, (6, 9)))
+
+    def sdpa(q, k, v):
+        return jax.nn.dot_product_attention(q[None], k[None], v[None], is_causal=True)[0]
+    d = nk.from_jax(sdpa, f32(5, 2, 4), f32(7, 2, 4), f32(7, 2, 4),
+                    axes=["q h d", "x h d", "x h d"])
+    assert "causal" in boxes(d) and "softmax_x" in boxes(d)
+    same(d, sdpa, *normal(rng, (6, 3, 4), (8, 3, 4), (8, 3, 4)), rtol=1e-5, atol=1e-6)
+
+
+def test_alibi_positions_and_heads(rng):
+    def alibi(q, k, v, slopes):
+        s = jnp.einsum("hqd,hxd->hqx", q, k) / jnp.sqrt(q.shape[-1])
+        rel = jnp.arange(q.shape[1])[:, None] - jnp.arange(k.shape[1])[None, :]
+        s = s - slopes[:, None, None] * rel
+        return jnp.einsum("hqx,hxd->hqd", jax.nn.softmax(s, axis=-1), v)
+    d = nk.from_jax(alibi, f32(2, 7, 4), f32(2, 9, 4), f32(2, 9, 4), f32(2),
+                    axes=["h q d", "h x d", "h x d", "h"])
+    assert {"positions_q", "positions_x", "softmax_x"} <= set(boxes(d))
+    same(d, alibi, *normal(rng, (3, 5, 4), (3, 8, 4), (3, 8, 4), (3,)))
+
+
+# ------------------------------------------------------------------ axes and sizes
+def test_axes_as_a_list_a_dict_and_axis_objects_name_the_same_diagram():
+    q, x, dd = nk.axes("q x d")
+    fn = _causal()
+    shapes = (f32(7, 4), f32(9, 4), f32(9, 4))
+    a = nk.from_jax(fn, *shapes, axes=["q d", "x d", "x d"])
+    b = nk.from_jax(fn, *shapes, axes={"q": (q, dd), "k": ["x", "d"], "v": "x d"})
+    assert a == b and a.sizes == b.sizes == {"q": 7, "d": 4, "x": 9}
+
+
+def test_a_size_the_function_reads_as_a_number_is_read_back_as_a_symbol(rng):
+    """math.sqrt needs a Python number: fn is traced at fixed sizes, then at others, and the
+    constant that changed is read back as 1/sqrt(d): the diagram still serves every size."""
+    def attention(q, k, v):
+        s = q @ k.T / math.sqrt(q.shape[-1]) + k.shape[0] ** -1.0
+        return jax.nn.softmax(s, axis=-1) @ v
+    d = nk.from_jax(attention, f32(7, 4), f32(9, 4), f32(9, 4), axes=["q d", "x d", "x d"])
+    assert "scale(1/sqrt(d))" in boxes(d) and "add_const(1/x)" in boxes(d)
+    same(d, attention, *normal(rng, (5, 6), (11, 6), (11, 6)))
+
+
+def test_unit_dimensions_are_broadcast_and_outputs_keep_their_axis_order(rng):
+    def f(a, b, c):
+        return (a + b).T, jnp.broadcast_to(c.sum(0)[None, :], a.shape), a.min(0)
+    d = nk.from_jax(f, f32(3, 4), f32(1, 4), f32(3, 4), axes=["a b", "1 b", "a b"])
+    assert [ob.type.names for ob in d.dom.inside] == [("a", "b"), ("b",), ("a", "b")]
+    assert [ob.type.names for ob in d.cod.inside] == [("b", "a"), ("a", "b"), ("b",)]
+    a, b, c = normal(rng, (5, 2), (2,), (5, 2))
+    with jax.enable_x64(True):
+        got = nk.evaluate(d)(a, b, c)
+        want = f(a, b[None], c)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-12)
+
+
+# ------------------------------------------------------------------ the clear errors
+def _one_line(excinfo):
+    msg = str(excinfo.value)
+    assert "\n" not in msg and msg.startswith("from_jax: ")
+    return msg
+
+
+def _attn(q, k, v):
+    return jax.nn.softmax(q @ k.T, axis=-1) @ v
+
+
+def test_two_axes_of_one_size_without_axes_ask_for_axes():
+    with pytest.raises(nk.NapkinError, match="both have size 8 but fn uses them as different "
+                                             "axes; name the axes with axes=") as e:
+        nk.from_jax(_attn, f32(8, 4), f32(8, 4), f32(8, 4))
+    assert "q's dimension 0 and k's dimension 0" in _one_line(e)
+
+
+@pytest.mark.parametrize("axes,match", [
+    (["q d", "x d e", "x d"], r"axes for k: 3 name\(s\) \(x d e\) for 2 dimension\(s\)"),
+    (["q d", "x d"], "axes has 2 entries for 3 arguments"),
+    ({"q": "q d", "k": "x d"}, "axes names no axes for argument v"),
+    ({"q": "q d", "k": "x d", "v": "x d", "w": "y"}, "axes names argument 'w', which fn "),
+    (["q q", "x d", "x d"], "axis q names two dimensions"),
+    (["q d", "x e", "x d"], "fn uses axes d and e as one axis"),
+    (["q d", "x d", "y d"], "fn uses axes x and y as one axis"),
+    (["1 d", "x d", "x d"], "dimension 0 is marked '1' .* but has size 8"),
+])
+def test_bad_axes_are_one_line_naming_what(axes, match):
+    with pytest.raises(nk.NapkinError, match=match) as e:
+        nk.from_jax(_attn, f32(8, 4), f32(8, 4), f32(8, 4), axes=axes)
+    _one_line(e)
+
+
+@pytest.mark.parametrize("fn,prim", [
+    (lambda x: jnp.cumsum(x, axis=0), "cumsum"),
+    (lambda x: jnp.sort(x, axis=0), "sort"),
+    (lambda x: jnp.argmax(x, axis=0), "argmax"),
+])
+def test_an_unsupported_primitive_is_named_with_the_users_line(fn, prim):
+    with pytest.raises(nk.NapkinError, match=f"primitive {prim} \\(at .*test_from_jax.py:\\d+"
+                                             ) as e:
+        nk.from_jax(fn, f32(8, 4), axes=["a b"])
+    assert "has no napkin primitive; supported:" in _one_line(e)
+
+
+def test_a_gather_that_is_not_take_along_axis_is_refused():
+    with pytest.raises(nk.NapkinError, match="primitive gather .* reads only "
+                                             "jnp.take_along_axis's gather") as e:
+        nk.from_jax(lambda emb, ids: emb[ids], f32(8, 4), S((5,), jnp.int32),
+                    axes=["v d", "n"])
+    _one_line(e)
+
+
+@pytest.mark.parametrize("fn,axes,match", [
+    (lambda x: x @ x.T, ["n d"], r"two dimensions of axis n \(dot_general at "),
+    (lambda x: x.reshape(-1), ["q d"], r"reshape from \(q, d\) to \(d\*q,\) .* merges or "
+                                       r"splits dimensions"),
+    (lambda x: x * jnp.array([1.0, 2.0, 3.0, 4.0]), ["q d"], "closes over an array constant"),
+    (lambda x: jax.scipy.special.erf(x), ["q d"], "primitive erf .* only inside gelu"),
+    (lambda x: jnp.zeros(3), ["q d"], "size 3 made by broadcast_in_dim .* none of the "
+                                      "arguments' axes"),
+])
+def test_other_refusals_are_one_line(fn, axes, match):
+    with pytest.raises(nk.NapkinError, match=match) as e:
+        nk.from_jax(fn, f32(8, 4), axes=axes)
+    _one_line(e)
+
+
+def test_an_unexplained_size_constant_is_refused():
+    def f(q):
+        return q * math.log(q.shape[0])  # log(q): no c·qᵖ
+    with pytest.raises(nk.NapkinError, match="changes with the sizes .* write sizes through "
+                                             "jnp") as e:
+        nk.from_jax(f, f32(8, 4), axes=["q d"])
+    _one_line(e)
+
+
+# ------------------------------------------------------------------ the package
+def test_from_jax_is_the_package_entry_point():
+    from napkin.jaxpr import from_jax
+    assert nk.from_jax is from_jax and "from_jax" in nk.__all__
+
+
+# ------------------------------------------------------------------ what is read back is exact
+def _plain(diagram):
+    """The diagram kept the mask as positions / compare / where."""
+    names = boxes(diagram)
+    assert "causal" not in names and not any(n.startswith("window") for n in names)
+    assert any(n.startswith("positions") for n in names)
+
+
+def _scores(q, k):
+    return q @ k.T / jnp.sqrt(q.shape[-1])
+
+
+def _keep(q, k, offset=0):
+    return jnp.arange(k.shape[0])[None, :] <= jnp.arange(q.shape[0])[:, None] + offset
+
+
+def _also_summed(q, k, v):                         # the masked scores feed a sum too
+    s = jnp.where(_keep(q, k), _scores(q, k), -1e30)
+    return jax.nn.softmax(s, axis=-1) @ v, jnp.sum(s, axis=-1)
+
+
+def _small_fill(q, k, v):                          # −1.0 is no mask's fill
+    return jax.nn.softmax(jnp.where(_keep(q, k), _scores(q, k), -1.0), axis=-1) @ v
+
+
+def _nan_fill(q, k, v):
+    return jax.nn.softmax(jnp.where(_keep(q, k), _scores(q, k), jnp.nan), axis=-1) @ v
+
+
+def _over_queries(q, k, v):                        # the softmax runs over the query axis
+    s = jnp.where(_keep(q, k, 8), _scores(q, k), -jnp.inf)  # (every key keeps a query)
+    return jax.nn.softmax(s, axis=0).T @ q
+
+
+def _size_offset(q, k, v):                         # bottom-right aligned: offset x − q
+    keep = _keep(q, k, k.shape[0] - q.shape[0])
+    return jax.nn.softmax(jnp.where(keep, _scores(q, k), -jnp.inf), axis=-1) @ v
+
+
+def _float_positions(q, k, v):                     # float32 positions round above 2²⁴
+    i = jnp.arange(q.shape[0], dtype=jnp.float32)[:, None]
+    j = jnp.arange(k.shape[0], dtype=jnp.float32)[None, :]
+    return jax.nn.softmax(jnp.where(j <= i, _scores(q, k), -jnp.inf), axis=-1) @ v
+
+
+@pytest.mark.parametrize("fn", [_also_summed, _small_fill, _nan_fill, _over_queries,
+                                _size_offset, _float_positions])
+def test_a_mask_outside_the_exact_conditions_stays_positions_compare_where(fn, rng):
+    d = nk.from_jax(fn, f32(7, 4), f32(9, 4), f32(9, 4), axes=["q d", "x d", "x d"])
+    _plain(d)
+    same(d, fn, *normal(rng, (7, 4), (9, 4), (9, 4)))
+    same(d, fn, *normal(rng, (5, 3), (11, 3), (11, 3)))
+
+
+def test_a_mask_on_two_axes_other_than_the_softmax_axis_stays_a_where(rng):
+    def fn(q, k, v):                               # h against q; the softmax runs over x
+        s = jnp.einsum("hqd,hxd->hqx", q, k)
+        keep = jnp.arange(q.shape[0])[:, None, None] <= jnp.arange(q.shape[1])[None, :, None]
+        return jnp.einsum("hqx,hxd->hqd", jax.nn.softmax(jnp.where(keep, s, -1e30), -1), v)
+    d = nk.from_jax(fn, f32(2, 7, 4), f32(2, 9, 4), f32(2, 9, 4),
+                    axes=["h q d", "h x d", "h x d"])
+    _plain(d)
+    xs = normal(rng, (3, 5, 4), (3, 8, 4), (3, 8, 4))
+    with jax.enable_x64(True):
+        got, want = np.asarray(nk.evaluate(d)(*xs)), np.asarray(fn(*xs))
+    kept = np.arange(3)[:, None] <= np.arange(5)[None, :]       # rows (h, q) keeping keys
+    np.testing.assert_allclose(got[kept], want[kept], rtol=1e-10)
+    assert np.all(got[~kept] == 0)       # a row that keeps no key: napkin's softmax zeros
+
+
+def test_a_mask_in_float16_stays_a_where():
+    """float16 clips napkin's fill to −32752, above MASKED: no longer a mask's fill."""
+    def fn(q, k, v):
+        return jax.nn.softmax(jnp.where(_keep(q, k), _scores(q, k), -jnp.inf), axis=-1) @ v
+    h = jnp.float16
+    d = nk.from_jax(fn, S((7, 4), h), S((9, 4), h), S((9, 4), h), axes=["q d", "x d", "x d"])
+    _plain(d)
+    assert "causal" in boxes(nk.from_jax(fn, S((7, 4), jnp.bfloat16), S((9, 4), jnp.bfloat16),
+                                         S((9, 4), jnp.bfloat16), axes=["q d", "x d", "x d"]))
+
+
+def test_a_sum_cast_to_integers_is_no_softmax_denominator(rng):
+    def fn(x):
+        e = jnp.exp(x)
+        return e / jnp.sum(e.astype(jnp.int32), axis=-1, keepdims=True).astype(F32)
+    d = nk.from_jax(fn, f32(3, 5), axes=["a b"])
+    assert "softmax_b" not in boxes(d) and "cast(int32)" in boxes(d)
+    same(d, fn, 2 * rng.normal(size=(4, 6)))
+
+
+def test_softcap_needs_c_times_one_over_c_exactly(rng):
+    def exact_cap(x):
+        return 30.0 * jnp.tanh(x / 30.0)
+
+    def rounded_cap(x):                            # x·fl(1/30): not x/30 over the reals
+        return 30.0 * jnp.tanh(x * (1 / 30.0))
+    assert boxes(nk.from_jax(exact_cap, f32(3, 4), axes=["a b"])) == ["softcap(30)"]
+    d = nk.from_jax(rounded_cap, f32(3, 4), axes=["a b"])
+    assert boxes(d) == ["scale(0.0333333)", "tanh", "scale(30)"]
+    same(d, rounded_cap, *normal(rng, (5, 2)), rtol=1e-6)  # traced with fl32(1/30)
+
+
+@pytest.mark.parametrize("fn,read", [
+    (lambda x: (1 + jnp.tanh(x / 2)) / 2, "sigmoid"),                   # proved: sigmoid
+    (lambda x: x * jnp.exp(x) / (1 + jnp.exp(x)), "silu"),              # proved: silu
+    (lambda x: 0.5 * x * (1 + jnp.tanh(0.7978846 * (x + 0.0447 * x ** 3))), None),  # 0.0447
+    (lambda x: x * x / x * jax.nn.sigmoid(x), None),                    # 0/0 at 0: no silu
+    (lambda x: jnp.sqrt(x) ** 2 * jax.nn.sigmoid(x), None),             # NaN below 0
+])
+def test_gelu_silu_sigmoid_are_read_only_where_sympy_proves_them(fn, read, rng):
+    d = nk.from_jax(fn, f32(3, 4), axes=["a b"])
+    if read:
+        assert boxes(d) == [read]
+    else:
+        assert not {"gelu", "gelu_tanh", "silu"} & set(boxes(d)) and len(boxes(d)) > 2
+    same(d, fn, np.abs(rng.normal(size=(5, 2))) + 0.1, rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_jax_gelu_in_low_precision_keeps_its_rounded_constants_as_the_primitive(dtype):
+    for approximate, name in ((True, "gelu_tanh"), (False, "gelu")):
+        d = nk.from_jax(lambda x: jax.nn.gelu(x, approximate=approximate), S((3, 4), dtype),
+                        axes=["a b"])
+        assert boxes(d) == [name]
+
+
+def test_take_along_axis_with_mode_clip_is_refused():
+    def fn(x, i):
+        return jnp.take_along_axis(x, i[:, None], axis=-1, mode="clip")[:, 0]
+    with pytest.raises(nk.NapkinError, match="take_along_axis with mode='clip' .* has no "
+                                             "napkin primitive") as e:
+        nk.from_jax(fn, f32(5, 9), S((5,), jnp.int32), axes=["n v", "n"])
+    _one_line(e)
+
+
+def test_a_pick_from_a_unit_dimension_keeps_jax_fill_for_an_index_out_of_range(rng):
+    def fn(x, i):
+        return jnp.take(x, i, axis=1)               # x[n, 1]: x[:, 0] at i = 0, else NaN
+    d = nk.from_jax(fn, f32(5, 1), S((), jnp.int32), axes=["n 1", ""])
+    x = rng.normal(size=(6,))
+    for i in (0, -1, 3):
+        with jax.enable_x64(True):
+            got = np.asarray(nk.evaluate(d)(x, np.int32(i)))
+            want = np.asarray(fn(x[:, None], np.int32(i)))
+        np.testing.assert_array_equal(got, want)
+
+
+def test_a_power_of_a_negative_constant_base_is_refused(rng):
+    d = nk.from_jax(lambda x: 2.0 ** x, f32(3, 4), axes=["a b"])
+    same(d, lambda x: 2.0 ** x, *normal(rng, (4, 5)))
+    with pytest.raises(nk.NapkinError, match="pow with the constant base -2.0 .* for c > 0"):
+        nk.from_jax(lambda x: (-2.0) ** x, f32(3, 4), axes=["a b"])
+
+
+def test_an_array_whose_size_only_equals_an_axis_is_not_that_axis():
+    """Traced at fixed sizes (math.sqrt needs a number), jnp.arange(9) has q's size 9; at
+    other sizes it keeps 9 where q changes: it is no axis q, and the diagram would claim
+    Σ positions(q) = q(q − 1)/2 at every size."""
+    def f(q):
+        return q / math.sqrt(q.shape[1]) + jnp.arange(9.0).sum()
+    with pytest.raises(nk.NapkinError, match="has size 9 at the given sizes but 9 at other "
+                                             "sizes .* it is not axis q") as e:
+        nk.from_jax(f, f32(9, 4), axes=["q d"])
+    _one_line(e)
+
+
+# ------------------------------------------------------------------ a generic guard
+_AXES = "abc"
+_ARGS = (("a", "b", "c"), ("a", "b"), ("b", "c"), ("c",))      # each argument's axes
+_UNARY_OPS = {
+    "tanh": jnp.tanh, "sigmoid": jax.nn.sigmoid, "neg": jnp.negative, "abs": jnp.abs,
+    "square": jnp.square, "cube": lambda x: x ** 3, "relu": jax.nn.relu,
+    "gelu": jax.nn.gelu, "gelu_erf": lambda x: jax.nn.gelu(x, approximate=False),
+    "silu": jax.nn.silu, "exp_tanh": lambda x: jnp.exp(jnp.tanh(x)),
+    "exp2_tanh": lambda x: jnp.exp2(jnp.tanh(x)), "log": lambda x: jnp.log(1 + x * x),
+    "sqrt": lambda x: jnp.sqrt(1 + x * x), "rsqrt": lambda x: jax.lax.rsqrt(1 + x * x),
+    "pow": lambda x: (1 + x * x) ** 0.75, "recip": lambda x: 2.0 / (1 + x * x),
+    "clip": lambda x: jnp.clip(x, -0.5, 0.5), "affine": lambda x: 1.5 - x * 0.25,
+    "div_const": lambda x: x / 3.0, "max_const": lambda x: jnp.maximum(x, 0.3),
+    "softcap": lambda x: 5.0 * jnp.tanh(x / 5.0),
+}
+_BINARY_OPS = {
+    "add": jnp.add, "sub": jnp.subtract, "mul": jnp.multiply, "max": jnp.maximum,
+    "min": jnp.minimum, "div": lambda x, y: x / (1 + y * y),
+    "where": lambda x, y: jnp.where(x > y, x, 0.5 * y),
+}
+_REDUCE_OPS = {
+    "sum": lambda x, i: jnp.sum(x, i, keepdims=True),
+    "max": lambda x, i: jnp.max(x, i, keepdims=True),
+    "min": lambda x, i: jnp.min(x, i, keepdims=True),
+    "mean": lambda x, i: jnp.mean(x, i, keepdims=True),
+    "logsumexp": lambda x, i: jax.scipy.special.logsumexp(x, i, keepdims=True),
+    "softmax": lambda x, i: jax.nn.softmax(x, i), "log_softmax": jax.nn.log_softmax,
+}
+
+
+def _contract(u, pu, v, pv, k):
+    """Σ_k u·v as an einsum over the axes u and v have (a dot_general), back in the
+    canonical layout: dims a, b, c, size 1 where the value lacks the axis."""
+    def squeezed(x, present):
+        return jnp.squeeze(x, tuple(i for i, a in enumerate(_AXES) if a not in present))
+    out = "".join(a for a in _AXES if (a in pu or a in pv) and a != k)
+    r = jnp.einsum(f"{''.join(pu)},{''.join(pv)}->{out}", squeezed(u, pu), squeezed(v, pv))
+    return jnp.expand_dims(r, tuple(i for i, a in enumerate(_AXES) if a not in out)), out
+
+
+def _program(steps):
+    """fn(*args) running ``steps`` on a pool of values (the arguments first); every value
+    kept in the canonical layout, so broadcasting is by position."""
+    def fn(*args):
+        pool = [(jnp.expand_dims(x, tuple(i for i, a in enumerate(_AXES) if a not in axes)),
+                 "".join(axes)) for x, axes in zip(args, _ARGS)]
+        for kind, name, i, j, axis in steps:
+            (u, pu), (v, pv) = pool[i % len(pool)], pool[j % len(pool)]
+            if kind == "unary":
+                pool.append((_UNARY_OPS[name](u), pu))
+            elif kind == "binary":
+                pool.append((_BINARY_OPS[name](u, v), "".join(sorted(set(pu) | set(pv)))))
+            elif kind == "reduce":
+                keeps = name in ("softmax", "log_softmax") or axis not in pu
+                pool.append((_REDUCE_OPS[name](u, _AXES.index(axis)),
+                             pu if keeps else pu.replace(axis, "")))
+            else:
+                pool.append(_contract(u, pu, v, pv, axis))
+        # every value computed is an output: each step is checked
+        return tuple(jnp.squeeze(x, tuple(i for i, a in enumerate(_AXES) if a not in present))
+                     for x, present in pool[len(_ARGS):])
+    return fn
+
+
+_KINDS = ([("unary", n) for n in sorted(_UNARY_OPS)] + [("binary", n) for n in sorted(_BINARY_OPS)]
+          + [("reduce", n) for n in sorted(_REDUCE_OPS)] + [("contract", "")] * 3)
+_STEP = st.sampled_from(_KINDS).flatmap(lambda kn: st.tuples(
+    st.just(kn[0]), st.just(kn[1]), st.integers(0, 99), st.integers(0, 99),
+    st.sampled_from(_AXES)))
+
+
+@settings(max_examples=15, deadline=None, derandomize=True)
+@given(steps=st.lists(_STEP, min_size=2, max_size=8),
+       sizes=st.tuples(*[st.integers(2, 4)] * 3), other=st.tuples(*[st.integers(2, 5)] * 3),
+       seed=st.integers(0, 2 ** 31))
+def test_random_programs_mean_what_jax_computes(steps, sizes, other, seed):
+    """Random compositions of the elementwise ops, reductions (softmax and logsumexp among
+    them) and einsums napkin reads: the diagram equals the function in float64, at the
+    traced sizes and at others (the sizes are symbols)."""
+    fn = _program(steps)
+    n = dict(zip(_AXES, sizes))
+    d = nk.from_jax(fn, *[f32(*[n[a] for a in axes]) for axes in _ARGS],
+                    axes=[" ".join(axes) for axes in _ARGS])
+    r = np.random.default_rng(seed)
+    for at in (n, dict(zip(_AXES, other))):
+        xs = [r.normal(size=[at[a] for a in axes]) for axes in _ARGS]
+        with jax.enable_x64(True):
+            got, want = nk.evaluate(d)(*xs), fn(*xs)
+        got = got if isinstance(got, tuple) else (got,)
+        for g, w in zip(got, want, strict=True):
+            g, w = np.asarray(g), np.asarray(w)
+            scale = max(1.0, float(np.nanmax(np.abs(w), initial=0.0)))
+            np.testing.assert_allclose(g, w, rtol=1e-7, atol=1e-7 * scale)
