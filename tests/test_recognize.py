@@ -408,7 +408,7 @@ def test_a_certificate_with_a_recognize_step_replays_and_a_tampered_one_does_not
 NAMES = ("a", "b", "x", "g_a", "s_x")
 
 
-@settings(max_examples=40, deadline=None, derandomize=True,
+@settings(max_examples=20, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_recognize_never_changes_the_meaning(data):
