@@ -8,7 +8,8 @@ from __future__ import annotations
 from napkin.arrays import Axis
 from napkin.errors import NapkinError
 from napkin.primitives import (COMPARE, INTEGER, Cast, Compare, Contract, Fill, Map, Mask,
-                               Positions, Reduce, SinkSoftmax, Softmax, TakeAlong, Where, Zip)
+                               Positions, Reduce, SinkSoftmax, Softmax, TakeAlong, Where, Zip,
+                               stray_axis)
 from napkin.trace import Value, current
 
 
@@ -126,12 +127,12 @@ def softmax(x: Value, axis, name=None, as_=None, *, sink: Value | None = None) -
     a = _name(axis)
     if not isinstance(sink, Value):
         raise NapkinError(f"softmax: the sink must be a traced array, got {sink!r}")
-    if sink.type.has(a):
+    stray = stray_axis(sink.type, x.type, a)  # (the spec checks too: this names the wires)
+    if stray == a:
         raise NapkinError(f"softmax: the sink {sink.ob} has the softmax axis {a}; a sink is one "
                           f"logit per row (its axes a subset of {x.ob}'s others)")
-    extra = [n for n in sink.type.names if not x.type.has(n)]
-    if extra:
-        raise NapkinError(f"softmax: the sink {sink.ob} has axis {extra[0]}, which the scores "
+    if stray:
+        raise NapkinError(f"softmax: the sink {sink.ob} has axis {stray}, which the scores "
                           f"{x.ob} lack")
     return _one(SinkSoftmax(a), [x, sink], name, as_)
 
@@ -215,12 +216,12 @@ def take_along_axis(x: Value, index: Value, axis, name=None, as_=None) -> Value:
     if index.type.dtype not in INTEGER:
         raise NapkinError(f"take_along_axis: the index {index.ob} has dtype {index.type.dtype}; "
                           f"an index is an integer array (declare it Array(..., dtype='int32'))")
-    if index.type.has(a):
+    stray = stray_axis(index.type, x.type, a)
+    if stray == a:
         raise NapkinError(f"take_along_axis: the index {index.ob} has axis {a}, the axis it "
                           f"takes along (its axes are {x.ob}'s others, or some of them)")
-    extra = [n for n in index.type.names if not x.type.has(n)]
-    if extra:
-        raise NapkinError(f"take_along_axis: the index {index.ob} has axis {extra[0]}, which "
+    if stray:
+        raise NapkinError(f"take_along_axis: the index {index.ob} has axis {stray}, which "
                           f"the array {x.ob} lacks")
     return _one(TakeAlong(a), [x, index], name, as_)
 

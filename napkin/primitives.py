@@ -112,6 +112,15 @@ def merge_axes(types: tuple[ArrayType, ...], what: str) -> dict[str, Axis]:
     return seen
 
 
+def stray_axis(side: ArrayType, x: ArrayType, axis: str) -> str | None:
+    """The first axis that keeps ``side`` from being an array over ``x``'s axes other than
+    ``axis`` (a sink logit per row, a take's index): ``axis`` itself, or one ``x`` lacks;
+    None when there is none."""
+    if side.has(axis):
+        return axis
+    return next((n for n in side.names if not x.has(n)), None)
+
+
 def promote(dtypes) -> str:
     dtypes = list(dtypes)
     best = max(dtypes, key=lambda d: _WIDTH[d])
@@ -508,13 +517,13 @@ class SinkSoftmax(Softmax):
         self.check_arity(ins)
         x, s = ins
         x.axis(self.axis)
-        if s.has(self.axis):
+        stray = stray_axis(s, x, self.axis)
+        if stray == self.axis:
             raise NapkinError(f"softmax: the sink {s} has the softmax axis {self.axis}; a sink "
                               f"is one logit per row (its axes a subset of {x} without "
                               f"{self.axis})")
-        extra = [n for n in s.names if not x.has(n)]
-        if extra:
-            raise NapkinError(f"softmax: the sink {s} has axis {extra[0]}, which the scores {x} "
+        if stray:
+            raise NapkinError(f"softmax: the sink {s} has axis {stray}, which the scores {x} "
                               f"lack")
         merge_axes(ins, "softmax sink")
         return (x,)
@@ -883,13 +892,13 @@ class TakeAlong(Spec):
         if index.dtype not in INTEGER:
             raise NapkinError(f"take_along_axis: the index {index} has dtype {index.dtype}; an "
                               f"index is an integer array ({' or '.join(INTEGER)})")
-        if index.has(self.axis):
+        stray = stray_axis(index, x, self.axis)
+        if stray == self.axis:
             raise NapkinError(f"take_along_axis: the index {index} has axis {self.axis}, the "
                               f"axis it takes along (its axes are {x}'s others, or some of "
                               f"them)")
-        extra = [n for n in index.names if not x.has(n)]
-        if extra:
-            raise NapkinError(f"take_along_axis: the index {index} has axis {extra[0]}, which "
+        if stray:
+            raise NapkinError(f"take_along_axis: the index {index} has axis {stray}, which "
                               f"the array {x} lacks")
         merge_axes(ins, "take_along_axis")
         return (x.without(self.axis),)

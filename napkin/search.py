@@ -40,7 +40,7 @@ from napkin.certificate import fingerprint
 from napkin.errors import NapkinError
 from napkin.ir import ops as op_order, primitive_boxes, view
 from napkin.cost import Grid, cost, optimize_tiles, value_at
-from napkin.cost.model import compute_times
+from napkin.cost.model import bytes_per_value, compute_times
 from napkin.hardware import DTYPE_BYTES, get_hardware
 from napkin.region import Site, body_at
 from rewrites import RULES
@@ -309,7 +309,7 @@ class Evaluator:
             unit = box.spec.unit(ins, outs)
             if unit == "tensor":
                 unit += ":" + max((self.dtype if isinstance(self.dtype, str) else ob.type.dtype
-                                   for ob in box.dom.inside), key=lambda d: DTYPE_BYTES.get(d, 4))
+                                   for ob in box.dom.inside), key=bytes_per_value)
             flops[unit] = flops.get(unit, 0) + box.spec.flops(ins, outs)
         compute = max([value_at(e, self.sizes) for e in compute_times(flops, self.hw).values()]
                       or [0.0])

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 import numpy as np
 import sympy
 
-from napkin.cost.model import CostError, _fold, compute_times, value_at
-from napkin.cost.optimize import _lambdified
+from napkin.cost.model import _fold, compute_times, value_at
+from napkin.cost.optimize import evaluate_on
 from napkin.memo import IdentityMemo
 from napkin.schedule.resources import block_level, kernels as kernel_resources
 
@@ -110,7 +110,7 @@ class Launches:
             sub = np.meshgrid(*[np.array(v, dtype=float) for _, v in cands], indexing="ij")
             axis_of = {t: g.ravel() for (t, _), g in zip(cands, sub)}
             m = sub[0].size if sub else 1
-            return cls._kernel(k, c, lambda e: _evaluate(e, grid.sizes, axis_of, m), m)
+            return cls._kernel(k, c, lambda e: evaluate_on(e, grid.sizes, axis_of, m), m)
         kl = _ON_GRID.get((k, c.hardware), make, (cands, sizes))
         if not tiles:
             return dataclasses.replace(kl, **{f: np.broadcast_to(getattr(kl, f), (grid.n,))
@@ -223,21 +223,6 @@ def _symbols(k) -> set:
         exprs += list(totals.flops.values())
         return set().union(*(sympy.sympify(e).free_symbols for e in exprs))
     return _SYMBOLS.get((k,), make)
-
-
-def _evaluate(expr, sizes, axis_of: dict, n: int) -> np.ndarray:
-    """``expr`` at every point of a grid given by each free symbol's values (``axis_of``)."""
-    e = sympy.sympify(expr)
-    e = sympy.sympify(e.xreplace({s: v for s in e.free_symbols
-                                  if (v := sizes.get(str(s))) is not None}))
-    syms = tuple(sorted(e.free_symbols, key=str))
-    missing = [str(s) for s in syms if s not in axis_of]
-    if missing:
-        raise CostError(f"no size for {', '.join(sorted(missing))} (give it in sizes)")
-    if not syms:
-        return np.full(n, float(e))
-    f = _lambdified(syms, e)
-    return np.broadcast_to(np.asarray(f(*(axis_of[s] for s in syms)), dtype=float), (n,))
 
 
 def smem_limit(hw) -> int:

@@ -245,6 +245,30 @@ def _lambdified(free: tuple, expr):
     return sympy.lambdify(free, expr, "numpy")
 
 
+def evaluate_on(expr, sizes: Mapping, axis_of: Mapping, n: int) -> np.ndarray:
+    """``expr`` at every one of ``n`` tile points: sizes substituted, each free tile taken
+    from ``axis_of`` (its value at every point)."""
+    e = _sym_subs(expr, sizes)
+    missing = e.free_symbols - set(axis_of)
+    if missing:
+        raise CostError(f"no size for {', '.join(sorted(map(str, missing)))} "
+                        f"(give it in sizes)")
+    if not (e.free_symbols & set(axis_of)):
+        return np.full(n, float(e))
+    # term by term: a program's total is a sum over its kernels, and the search
+    # meets the same kernels in state after state (each term compiled once)
+    terms = e.args if isinstance(e, sympy.Add) else (e,)
+    out = np.zeros(n)
+    for term in terms:
+        syms = tuple(sorted(term.free_symbols, key=str))  # its own: a key states share
+        if syms:
+            f = _lambdified(syms, term)
+            out += np.broadcast_to(np.asarray(f(*(axis_of[s] for s in syms)), dtype=float), (n,))
+        else:
+            out += float(term)
+    return out
+
+
 class Grid:
     """Every candidate tiling of a program, evaluated once (numpy over the whole grid)."""
 
@@ -348,26 +372,7 @@ class Grid:
         return self.ev(self.c.transfers_bytes[self.level])
 
     def ev(self, expr) -> np.ndarray:
-        e = _sym_subs(expr, self.sizes)
-        missing = e.free_symbols - set(self.free)
-        if missing:
-            raise CostError(f"no size for {', '.join(sorted(map(str, missing)))} "
-                            f"(give it in sizes)")
-        if not self.free or not (e.free_symbols & set(self.free)):
-            return np.full(self.n, float(e))
-        # term by term: a program's total is a sum over its kernels, and the search
-        # meets the same kernels in state after state (each term compiled once)
-        terms = e.args if isinstance(e, sympy.Add) else (e,)
-        out = np.zeros(self.n)
-        for term in terms:
-            syms = tuple(sorted(term.free_symbols, key=str))  # its own: a key states share
-            if syms:
-                f = _lambdified(syms, term)
-                out += np.broadcast_to(np.asarray(f(*(self.axis_of[s] for s in syms)),
-                                                  dtype=float), (self.n,))
-            else:
-                out += float(term)
-        return out
+        return evaluate_on(expr, self.sizes, self.axis_of, self.n)
 
     def feasible(self, capacity: Mapping | None = None, launch: bool = True) -> np.ndarray:
         """Points that run.  Tiles nest; with ``launch`` and a profile that has a launch

@@ -30,7 +30,7 @@ import sympy
 
 from napkin.arrays import array_types
 from napkin.errors import NapkinError
-from napkin.ir import primitive_boxes, to_graph
+from napkin.ir import ops as op_order, primitive_boxes, to_graph, view
 from napkin.lower.emit import identifier
 from napkin.primitives import JNP_DTYPES, matmul_sides
 from napkin.semantics import bind_sizes
@@ -129,8 +129,8 @@ def unlowerable(program, sizes: dict | None = None, rules: BlockRules | None = N
     them in HBM); each kernel spells a grid of groups, and inside it streams and groups as
     loops (:func:`_writable` says what those need).  An axis of a size the backend's blocks
     cannot take is padded and masked: no size is a reason."""
-    from napkin.lower.program import top_boxes
-    for box in top_boxes(program):
+    g = view(program)  # each top-level box is a kernel
+    for box in (g.nodes[n]["box"] for n in op_order(g)):
         why = _kernel_unlowerable(box, sizes, rules)
         if why:
             return why
@@ -154,7 +154,6 @@ def _writable(diagram, refs: set, stored: set) -> str:
     straight to the kernel's outputs.  A group's loop inside the kernel tiles what it reads
     from HBM (a value computed in the kernel has no tiles to load; a stream's chunks of one
     are its equal parts) and writes its outputs straight to the kernel's."""
-    from napkin.ir import ops as op_order, view
     g = view(diagram)
     ref_values = {g.graph["inputs"][i] for i in refs}
     store_values = {g.graph["outputs"][j] for j in stored}
@@ -201,7 +200,6 @@ def inner_groups(diagram) -> list:
 def loop_boxes(diagram) -> list:
     """Every stream and group box of ``diagram`` and of their bodies, in the order the
     schedule walks them (a box, then the loops inside it)."""
-    from napkin.ir import ops as op_order, view
     g = view(diagram)
     out = []
     for n in op_order(g):
@@ -697,7 +695,6 @@ def _cuts(g, v, cut=frozenset()) -> list:
     body's output it is), the axes the loops around that read have cut it to — a stream's
     chunks of its axis, an inner group's tiles — as a frozenset.  A stream's input without
     its axis is loaded once, at the stream (``cut`` as it is there)."""
-    from napkin.ir import view
     out = [cut] if v in g.graph["outputs"] else []
     t = g.nodes[v]["ob"].type
     for n in set(g.successors(v)):

@@ -92,7 +92,6 @@ class _Spelling:
         self.xp = Recorder(self.w, kernel.f32_precision, dot_min=TRITON.rules.dot_min)
         self.gaxes = plan.grid_axes
         self.scopes: list[dict] = [{}]
-        self.loaded: dict[int, Var] = {}
         self.unmasked: set = set()  # streamed axes whose current step its masks keep whole
         self.refs = [self.w.fresh(f"{a.name}_ref") for a in plan.inputs + plan.outputs]
         self.padded = plan.padded  # axis -> block: whole axes padded (validity ("pad", axis))
@@ -180,9 +179,6 @@ class _Spelling:
         var.temp = False
         self.scopes[-1][key] = var
         return var
-
-    def load_chunk(self, wire: RefWire, axis, start: Var, chunk: int, ok) -> Var:
-        return self.load(wire.narrowed(axis, start, chunk, ok))
 
     def store(self, wire: RefWire, val) -> None:
         """``val`` into an output's window (masked past every axis's end)."""
@@ -317,7 +313,7 @@ class _Spelling:
             chunk_args, it = [], iter(fixed)
             for i, a in enumerate(args):
                 chunk_args.append(given[i] if i in given else
-                                  self.load_chunk(a, ax, start, s, ok) if i in streamed
+                                  self.load(a.narrowed(ax, start, s, ok)) if i in streamed
                                   else next(it))
             offsets = dict(ctx.offsets)
             offsets[ax] = start
