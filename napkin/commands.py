@@ -315,7 +315,8 @@ def _optimize_to(args, cert, drawing, out) -> int:
         print("not streamable:")
         for (rule, axis), why in why_not:
             print(f"  {axis}: {why}")
-    print(f"search: {r.states} states, {r.expanded} expanded, {r.seconds:.2f} s "
+    print(f"search: {r.states} states ({r.pruned} not costed), {r.expanded} expanded, "
+          f"{r.seconds:.2f} s "
           f"(best reached at {r.best.found_s:.2f} s)"
           + (f"; {r.limit_hit}" if r.limit_hit else ""))
     if cert_path:
@@ -345,7 +346,8 @@ def result_json(r, sizes, cert_path) -> dict:
                           "feasible": a.feasible, "why_worse": r.reason_loses(a)}
                          for a in r.alternatives],
         "refused": [{"rule": k[0], "axis": k[1], "why": v} for k, v in r.refused.items()],
-        "search": {"states": r.states, "expanded": r.expanded, "seconds": r.seconds,
+        "search": {"states": r.states, "not_costed": r.pruned, "expanded": r.expanded,
+                   "seconds": r.seconds,
                    "best_found_s": r.best.found_s, "first_fit_s": r.first_fit_s,
                    "limit_hit": r.limit_hit, "lower_bound_s": r.lower_bound_s},
         "sizes": sizes, "certificate": cert_path,

@@ -78,7 +78,13 @@ class State:
     feasible: bool = False
     min_memory: dict = field(default_factory=dict)
     error: str | None = None
-    unlowerable: str = ""        # why no kernel backend writes it yet ("" when one does)
+    unlowerable: str | None = None  # why no kernel backend writes it yet ("" when one does;
+                                    # None until asked)
+    frozen: bool = False          # its top level is final: every top-level move is refused or
+                                  # leads to a program no backend writes, here and (rules only
+                                  # nest, premises only tighten) in all it derives below
+    pruned: float = 0.0           # not costed: nothing derived from it that a backend writes
+                                  # beats this time (the best when it was reached)
     cost: object = None           # napkin.cost.Cost (symbolic)
     grid: object = None           # napkin.cost.Grid (every tiling, evaluated)
     bytes: float = math.inf       # bytes moved at the main level, at the best tiles
@@ -91,6 +97,7 @@ class State:
     via: Move | None = None       # ... by this move
     moves: list | None = field(default=None, repr=False)      # its moves, once listed
     children: dict = field(default_factory=dict, repr=False)  # move ident -> child key
+    applied: dict = field(default_factory=dict, repr=False)   # top-level move ident -> program
 
     @property
     def tiles(self):
@@ -119,6 +126,7 @@ class SearchResult:
     refused: dict = field(default_factory=dict)  # (rule, axis) -> why, at the algorithm itself
     commuted: int = 0  # moves not applied: their program is reached in the other order
     hardware: object = None  # the profile as searched (its GMEM + SMEM view for levels="two")
+    pruned: int = 0  # states reached but never costed: nothing derived from them could win
 
     @property
     def first_fit_s(self) -> float:
@@ -249,17 +257,24 @@ class Evaluator:
         self.levels = [lv.name.split("[")[0] for lv in self.hw.levels]
         self.sizes, self.dtype, self.objective = dict(sizes), dtype, objective
 
+    def writability(self, state: State) -> str:
+        """Why no kernel backend writes the state's program ("" when one does); cheap next
+        to costing it, so the search asks first."""
+        if state.unlowerable is None:
+            from napkin.lower.backends import get_backend  # (jax: imported once, when used)
+            from napkin.lower.plan import unlowerable
+            state.unlowerable = unlowerable(state.program, self.sizes, get_backend().rules)
+        return state.unlowerable
+
     def __call__(self, state: State) -> None:
         """Integer-optimal tiles and their time (the cheap part: one numpy grid)."""
         try:
+            self.writability(state)
             c = cost(state.program, self.hw, self.dtype)
             grid = Grid(c, self.sizes)
             best, feasible = grid.best(self.objective)
             state.cost, state.grid = c, grid
             state.feasible = feasible
-            from napkin.lower.backends import get_backend  # (jax: imported once, when used)
-            from napkin.lower.plan import unlowerable
-            state.unlowerable = unlowerable(state.program, self.sizes, get_backend().rules)
             if feasible:  # (a program that does not fit has no time, nor traffic to price)
                 state.time_s = float(grid.time[best])
                 state.bytes = float(grid.Hb[best])
@@ -276,6 +291,8 @@ class Evaluator:
                                     for m in arrays))
         except Exception as e:  # noqa: BLE001 - a program that cannot be costed is not chosen
             state.error = _why(e)
+            if state.unlowerable is None:
+                state.unlowerable = ""
 
     def overflow(self, program, values: dict) -> float:
         """Bytes by which each primitive box's arrays (at these sizes and tiles) exceed
@@ -316,26 +333,36 @@ class Evaluator:
         return max(self._bytes([*diagram.dom.inside, *diagram.cod.inside]) /
                    self.hw.levels[1].bandwidth_bytes_per_s, compute)
 
-    def written_bound(self, program) -> float:
+    def written_bound(self, program, frozen: bool = False) -> float:
         """What every program derived from ``program`` that a backend writes moves through
         HBM, in seconds: the program's inputs and outputs once, and twice each value one
         kernel hands another that no rewrite can keep on chip — a top-level group's output
         another top-level box reads, a top-level group's input along its axis that another
         box computes.  Rewrites only nest boxes: were the two kernels ever one, the group
         would be inside a kernel whose other boxes read its outputs (or compute its
-        input), which no backend writes (:class:`napkin.lower.plan.Refusal`, final)."""
+        input), which no backend writes (:class:`napkin.lower.plan.Refusal`, final).
+
+        ``frozen``: no rewrite at the top level leads to a program a backend writes
+        (:attr:`State.frozen`), so every top-level box stays a kernel of its own and
+        every value between two of them goes through HBM.  A value handed on that is also
+        a program output is written once (counted with the outputs) and read once more."""
         g = view(program)
         handed = set()
         for n in op_order(g):
             node = g.nodes[n]
             spec = node["box"].spec
+            if frozen:
+                handed.update(v for v in node["outs"] if list(g.successors(v)))
+                continue
             if spec.kind != "group":
                 continue
             handed.update(v for v in node["outs"] if list(g.successors(v)))
             handed.update(v for v in node["ins"] if list(g.predecessors(v))
                           and g.nodes[v]["ob"].type.has(spec.axis))
+        outputs = set(g.graph["outputs"])
         io = [*program.dom.inside, *program.cod.inside]
-        moved = self._bytes(io) + 2 * self._bytes([g.nodes[v]["ob"] for v in handed])
+        moved = self._bytes(io) + sum((1 if v in outputs else 2) * self._bytes([g.nodes[v]["ob"]])
+                                      for v in handed)
         return moved / self.hw.levels[1].bandwidth_bytes_per_s
 
     def _bytes(self, obs) -> float:
@@ -345,7 +372,7 @@ class Evaluator:
 
 def search(diagram, hardware="h100", sizes=None, dtype=None, *, max_states: int = 2000,
            max_seconds: float = 60.0, objective: str = "time", keep: int = 5,
-           levels: str = "two", commute: bool = True) -> SearchResult:
+           levels: str = "two", commute: bool = True, prune: bool = True) -> SearchResult:
     """Best-first search for the fastest streamed program of ``diagram``.
 
     ``levels``: "two" (GMEM + SMEM, the paper's setting) or "all" (the
@@ -356,12 +383,16 @@ def search(diagram, hardware="h100", sizes=None, dtype=None, *, max_states: int 
     every level assignment of every structure at once grows the space about
     thirtyfold for attention (1798 states against 68) and finds the same optimum.
 
+    ``prune``: leave uncosted the states from which nothing a backend writes can beat the
+    best found (off: every state reached is costed and bounded as it is popped, by its
+    written bound alone, as before the frozen top level; for checking the pruning).
+
     ``commute``: apply two moves that rewrite disjoint boxes in one order only (a
     partial-order reduction, checked move by move); off, every order is applied and
     the duplicates meet in one state by their canonical form."""
     with _collector_paused():
         return _search(diagram, hardware, sizes, dtype, max_states, max_seconds, objective,
-                       keep, levels, commute)
+                       keep, levels, commute, prune)
 
 
 @contextlib.contextmanager
@@ -380,25 +411,26 @@ def _collector_paused():
 
 
 def _search(diagram, hardware, sizes, dtype, max_states, max_seconds, objective, keep, levels,
-            commute):
+            commute, prune):
     t0 = time.perf_counter()
     if levels == "all":
         coarse = _best_first([diagram], Evaluator(hardware, sizes or {}, dtype, objective, "two"),
-                             max_states, max_seconds, t0, commute=commute)
+                             max_states, max_seconds, t0, commute=commute, prune=prune)
         ev = Evaluator(hardware, sizes or {}, dtype, objective, "all")
         ranked = sorted((s for s in coarse.states() if s.feasible), key=lambda s: s.time_s)
         seeds = [(s.program, s.chain) for s in ranked[:keep]] or [(diagram, ())]
         fine = _best_first(seeds, ev, max_states, max_seconds, t0, refine=True,
-                           algorithm=diagram, commute=commute)
+                           algorithm=diagram, commute=commute, prune=prune)
         fine.states_seen += coarse.states_seen
         fine.expanded += coarse.expanded
         fine.commuted += coarse.commuted
+        fine.pruned += coarse.pruned
         fine.refused = coarse.refused
         fine.limit = fine.limit or coarse.limit
         return fine.result(diagram, ev, keep, t0)
     ev = Evaluator(hardware, sizes or {}, dtype, objective, levels)
     return _best_first([diagram], ev, max_states, max_seconds, t0,
-                       commute=commute).result(diagram, ev, keep, t0)
+                       commute=commute, prune=prune).result(diagram, ev, keep, t0)
 
 
 @dataclass
@@ -409,6 +441,7 @@ class _Run:
     bound: float
     expanded: int = 0
     commuted: int = 0    # moves not applied: the same program is reached in another order
+    pruned: int = 0      # states reached but not costed: nothing derived from them can win
     states_seen: int = 0
     limit: str | None = None
     refused: dict = field(default_factory=dict)
@@ -448,7 +481,7 @@ class _Run:
             return None if s.feasible else tuple(sorted((lv, round(m)) for lv, m
                                                         in s.min_memory.items()))
         # (programs a backend writes first, as the best is chosen: _better)
-        for s in sorted((s for s in states if s.key != best.key),
+        for s in sorted((s for s in states if s.key != best.key and not s.pruned),
                         key=lambda s: (bool(s.unlowerable), s.time_s, smallest(s) or (),
                                        len(s.chain))):
             sig = (round(s.time_s, 15) if math.isfinite(s.time_s) else math.inf,
@@ -461,7 +494,7 @@ class _Run:
         best._report = ev
         return SearchResult(diagram, best, ranked, self.states_seen, self.expanded,
                             time.perf_counter() - t0, self.limit, self.graph, self.bound,
-                            self.refused, self.commuted, ev.hw)
+                            self.refused, self.commuted, ev.hw, self.pruned)
 
 
 def _refinements() -> dict:
@@ -472,7 +505,8 @@ def _refinements() -> dict:
 
 
 def _best_first(roots, ev: "Evaluator", max_states: int, max_seconds: float, t0: float,
-                refine: bool = False, algorithm=None, commute: bool = True) -> _Run:
+                refine: bool = False, algorithm=None, commute: bool = True,
+                prune: bool = True) -> _Run:
     """Best-first from ``roots`` (diagrams, or (program, chain) pairs) of ``algorithm``
     (default: the first root).  ``refine``: only the refinements (:func:`_refinements`),
     each at sites inside an existing group unless it only relabels levels."""
@@ -521,6 +555,54 @@ def _best_first(roots, ev: "Evaluator", max_states: int, max_seconds: float, t0:
         other = run.graph.nodes[key_j]["state"]
         return any(m.ident == m_i.ident for m in moves_of(other))
 
+    def applied(state: State, mv: Move):
+        """``mv`` applied to ``state`` (the top-level ones kept: looking at a state's top
+        level and expanding it apply them both)."""
+        if mv.site.path:
+            return apply_move(state.program, mv)
+        if mv.ident not in state.applied:
+            state.applied[mv.ident] = apply_move(state.program, mv)
+        return state.applied[mv.ident]
+
+    def top_frozen(state: State, depth: int) -> bool:
+        """Whether no top-level move of ``state`` leads anywhere that can win: each is
+        refused, or leads to a program that cannot (:func:`cannot_win`, looking ``depth``
+        more top levels down).  A top-level move made after moves further in reaches a
+        program derived from the one it makes here, so a program that wins then keeps
+        this state's top level (:attr:`State.frozen`)."""
+        for mv in moves_of(state):
+            if mv.site.path:
+                continue
+            try:
+                prog = applied(state, mv)
+            except Exception:  # noqa: BLE001 - a move that fails is a refusal
+                continue
+            _, known = run.find(prog)
+            other = run.graph.nodes[known]["state"] if known is not None else State("", prog, ())
+            ev.writability(other)
+            if not cannot_win(other, depth):
+                return False
+        return True
+
+    def cannot_win(state: State, depth: int = 2) -> bool:
+        """Once a program a backend writes is best: whether nothing derived from ``state``
+        that a backend writes can beat it (it and its derivations are unwritable, or what
+        they must move through HBM already takes longer)."""
+        if not (run.best.feasible and not run.best.unlowerable):
+            return False
+        if _final(state):
+            return True
+        limit = run.best.time_s * (1 - 1e-12)
+        if ev.written_bound(state.program, state.frozen) >= limit:
+            return True
+        # were its top level frozen, the values between its kernels would stay in HBM: look
+        # at its top-level moves only when that alone would rule it out
+        if not state.frozen and depth > 0 and ev.written_bound(state.program, True) >= limit \
+                and top_frozen(state, depth - 1):
+            state.frozen = True
+            return True
+        return False
+
     partly = ""  # set when the clock stops an expansion halfway
     while frontier and not partly:
         if run.graph.number_of_nodes() >= max_states:
@@ -532,13 +614,23 @@ def _best_first(roots, ev: "Evaluator", max_states: int, max_seconds: float, t0:
         *_, state = heapq.heappop(frontier)
         if run.best.feasible and run.bound >= run.best.time_s * (1 - 1e-12):
             break  # nothing can beat the best: it meets the lower bound
-        if getattr(state.unlowerable, "final", False):
+        if _final(state):
             continue  # no backend writes it nor anything derived from it: no answer there
-        if run.best.feasible and not run.best.unlowerable and \
-                ev.written_bound(state.program) >= run.best.time_s * (1 - 1e-12):
+        if cannot_win(state) if prune else (
+                run.best.feasible and not run.best.unlowerable
+                and ev.written_bound(state.program) >= run.best.time_s * (1 - 1e-12)):
+            state.applied.clear()
             continue  # nothing derived from it that a backend writes can beat the best
         run.expanded += 1
-        for mv in moves_of(state):
+        listed = moves_of(state)
+        # the top-level moves first: whether one of them leads to a program a backend
+        # writes decides whether the children below inherit a frozen top level
+        top_open = False
+        for mv in sorted(listed, key=lambda m: bool(m.site.path)):
+            if mv.site.path and not top_open and not state.frozen:
+                state.frozen = True  # (the top-level moves are done: none opened it)
+                if prune and cannot_win(state):
+                    break  # every program below keeps these kernels, and they are too slow
             if time.perf_counter() - t0 > max_seconds:
                 partly = (f"time limit {max_seconds:g} s reached ({len(frontier)} states "
                           f"unexpanded, one partly expanded)")
@@ -546,9 +638,10 @@ def _best_first(roots, ev: "Evaluator", max_states: int, max_seconds: float, t0:
                 break
             if commutes_earlier(state, mv):
                 run.commuted += 1
+                top_open = top_open or not mv.site.path  # (its program is not looked at)
                 continue
             try:
-                child_prog = apply_move(state.program, mv)
+                child_prog = applied(state, mv)
             except Exception as e:  # noqa: BLE001 - one failing move is a refusal, not an abort
                 run.refused.setdefault((mv.rule, dict(mv.params).get("axis")), _why(e))
                 continue
@@ -556,17 +649,32 @@ def _best_first(roots, ev: "Evaluator", max_states: int, max_seconds: float, t0:
             if known is not None:
                 state.children[mv.ident] = known
                 run.graph.add_edge(state.key, known, move=mv)
+                top_open = top_open or not (mv.site.path or _final(run.graph.nodes[known]["state"]))
                 continue
             key = state.children[mv.ident] = run.new_key(h)
-            child = State(key, child_prog, (*state.chain, mv), parent=state, via=mv)
-            ev(child)
+            child = State(key, child_prog, (*state.chain, mv), parent=state, via=mv,
+                          frozen=state.frozen and bool(mv.site.path))
+            ev.writability(child)
+            top_open = top_open or not (mv.site.path or _final(child))
             child.found_s = time.perf_counter() - t0
             run.graph.add_node(key, state=child)
             run.graph.add_edge(state.key, key, move=mv)
+            if prune and cannot_win(child):  # decided before costing it: most children of a search
+                child.pruned = run.best.time_s
+                child.applied.clear()
+                run.pruned += 1
+                continue
+            ev(child)
             run.best = _better(run.best, child)
             heapq.heappush(frontier, (*_priority(child), next(tie), child))
+        state.applied.clear()
     run.states_seen = run.graph.number_of_nodes()
     return run
+
+
+def _final(state: State) -> bool:
+    """No backend writes the state's program nor anything derived from it."""
+    return getattr(state.unlowerable, "final", False)
 
 
 def _better(best: State | None, s: State) -> State:

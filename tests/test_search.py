@@ -318,3 +318,23 @@ def test_the_written_bound_holds_for_every_written_program_derived(name, sizes):
             ancestor = apply_move(ancestor, move)
         checked += 1
     assert checked > 10
+
+
+@pytest.mark.parametrize("name, sizes", [("gqa", dict(k=4, r=2, q=4096, x=4096, d=64)),
+                                         ("mlp", dict(n=256, d=128, e=256, f=128))])
+def test_states_left_uncosted_change_no_answer(name, sizes):
+    """The search leaves a state uncosted when nothing derived from it that a backend writes
+    can beat the best of the moment: it is unwritable for good, or what it must move through
+    HBM is already slower — counting every value between its kernels when no top-level move
+    leads anywhere that wins (a frozen top level).  Costing and expanding every state as
+    before finds the same best program, at the cost of many more states."""
+    kw = dict(hardware="h100", sizes=sizes, dtype="bf16")
+    fast, full = search(get(name).diagram(), **kw), search(get(name).diagram(), prune=False, **kw)
+    states = [fast.graph.nodes[n]["state"] for n in fast.graph.nodes]
+    pruned = [s for s in states if s.pruned]
+    assert fast.pruned == len(pruned) > 0 and full.pruned == 0
+    assert fast.best.time_s == pytest.approx(full.best.time_s, rel=1e-12)
+    assert not fast.best.unlowerable and fast.states - fast.pruned < full.states
+    assert all(not s.feasible and s.cost is None for s in pruned)  # never costed
+    if name == "gqa":  # kernels that hand values through HBM, their top level frozen
+        assert any(s.frozen and not getattr(s.unlowerable, "final", False) for s in pruned)
