@@ -80,9 +80,11 @@ class Optimized:
         from napkin.checker import check_certificate
         return check_certificate(self.certificate, numeric=numeric)
 
-    def kernel(self, backend: str = "triton", *, interpret="auto", dtype: str | None = None):
+    def kernel(self, backend: str = "auto", *, interpret="auto", dtype: str | None = None):
         """The program as a JAX function with these tiles and launch parameters.
-        ``dtype``: the kernel's input and output dtype (default: the searched one)."""
+        ``backend``: "auto" (Mosaic GPU on a Hopper GPU when it takes the kernel, else
+        Triton), "triton" or "mosaic".  ``dtype``: the kernel's input and output dtype
+        (default: the searched one)."""
         from napkin.lower import lower
         from napkin.lower.backends import get_backend
         self._check_divisibility(backend)
@@ -94,7 +96,7 @@ class Optimized:
         return lower(self.program, self.tiles, backend=backend, interpret=interpret,
                      dtype=dtype or self.dtype, name=self.name.rpartition(":")[2],
                      schedule=self.schedule, launches=launches,
-                     **self.launch)  # FILE.py:NAME -> NAME
+                     **{k: v for k, v in self.launch.items() if k in own})  # FILE.py:NAME -> NAME
 
     def _check_divisibility(self, backend: str) -> None:
         """One line when the hardware's divisibility (its tensor-core shape) and the

@@ -88,11 +88,15 @@ def test_a_backend_is_its_module_and_one_registry_line(monkeypatch):
 
 def test_unknown_backends_and_options_are_one_clear_line():
     program = derive("matmul", CASES["matmul"][0])
-    with pytest.raises(NapkinError, match=r"unknown kernel backend 'mosaic' \(known: triton\)"):
-        lower(program, CASES["matmul"][1], backend="mosaic")
+    with pytest.raises(NapkinError, match=r"unknown kernel backend 'cuda' "
+                                          r"\(known: triton, mosaic, auto\)"):
+        lower(program, CASES["matmul"][1], backend="cuda")
     with pytest.raises(NapkinError, match=r"the triton backend takes no option num_threads "
                                           r"\(launch parameters: num_warps, num_stages\)"):
-        lower(program, CASES["matmul"][1], num_threads=4)
+        lower(program, CASES["matmul"][1], backend="triton", num_threads=4)
+    with pytest.raises(NapkinError, match=r"the mosaic backend takes no option num_warps "
+                                          r"\(launch parameters: num_stages\)"):
+        lower(program, CASES["matmul"][1], backend="mosaic", num_warps=4)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -118,7 +118,8 @@ def test_the_demo_certifies_the_diagram_it_searches(tmp_path, monkeypatch):
 
 
 def test_an_unknown_backend_names_the_known_ones(attention):
-    with pytest.raises(napkin.NapkinError, match=r"unknown kernel backend 'cuda' \(known: triton\)"):
+    with pytest.raises(napkin.NapkinError, match=r"unknown kernel backend 'cuda' \(known: triton, "
+                                                r"mosaic, auto\)"):
         attention.kernel(backend="cuda")
 
 

@@ -32,7 +32,7 @@ from napkin.arrays import array_types
 from napkin.errors import NapkinError
 from napkin.ir import ops as op_order, primitive_boxes, to_graph, view
 from napkin.lower.emit import identifier
-from napkin.primitives import JNP_DTYPES, matmul_sides
+from napkin.primitives import matmul_sides
 from napkin.semantics import bind_sizes
 from napkin.weave import unweavable, unweave
 
@@ -435,6 +435,14 @@ class KernelPlan:
     def stream(self, spec) -> StreamPlan:
         return self.streams[id(spec)]
 
+    def summary(self) -> list[str]:
+        """The program, its inputs and outputs, in words (a written module's docstring)."""
+        return [f"program: {self.describe}",
+                "inputs:  " + ", ".join(f"{a.name}{list(a.shape)} {np.dtype(a.dtype).name}"
+                                       for a in self.inputs),
+                "outputs: " + ", ".join(f"{o.name}{list(o.shape)} {np.dtype(o.dtype).name}"
+                                       for o in self.outputs)]
+
     def loops(self) -> list:
         """The nest, outermost first: ("group", axis, tile) per grid dimension, then the loops
         inside the kernel in the order the schedule walks them: ("stream", axis, chunk) per
@@ -568,7 +576,6 @@ class Planner:
         body, rules = self.st.body, self.rules
         g = to_graph(body)
         names = _unique([identifier(ob.name, "x") for ob in body.dom.inside])
-        prog_names = [ob.name for ob in self.k.program.dom.inside]
         out = []
         for i, (v, t) in enumerate(zip(g.graph["inputs"], array_types(body.dom))):
             uses = _cuts(g, v)

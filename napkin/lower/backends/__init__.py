@@ -12,18 +12,24 @@ A backend is a module here holding a ``BACKEND`` object with
 * ``export(kernel, shapes, device_kind)`` → the CUDA module's MLIR text, on any machine.
 
 A new backend is its module and one line in :data:`BACKENDS`; nothing else changes.
+``auto`` (the default) is a chooser, not a spelling: Mosaic GPU on a Hopper GPU when it takes
+the kernel, else Triton, with the reason in the kernel's notes.
 """
 from __future__ import annotations
 
 import importlib
+import itertools
+import linecache
 from dataclasses import dataclass, field
 
 from napkin.errors import NapkinError
 
 BACKENDS = {
     "triton": "napkin.lower.backends.triton",
+    "mosaic": "napkin.lower.backends.mosaic_gpu",
+    "auto": "napkin.lower.backends.auto",  # Mosaic GPU on Hopper when it takes the kernel
 }
-DEFAULT = "triton"
+DEFAULT = "auto"
 
 
 @dataclass
@@ -35,6 +41,9 @@ class Written:
     launch: dict = field(default_factory=dict)  # the launch parameters it was written with
     notes: list = field(default_factory=list)
     definitions: str = ""   # the source less its module header (a program's modules join)
+    backend: str = ""       # the backend that wrote it ("triton", "mosaic")
+    smem: dict = field(default_factory=dict)  # shared memory by purpose, where the backend
+    # lays it out itself (Mosaic GPU), bytes
 
 
 def get_backend(name: str | None = None):
@@ -42,3 +51,22 @@ def get_backend(name: str | None = None):
     if name not in BACKENDS:
         raise NapkinError(f"unknown kernel backend {name!r} (known: {', '.join(BACKENDS)})")
     return importlib.import_module(BACKENDS[name]).BACKEND
+
+
+_counter = itertools.count()
+
+
+def load_module(source: str, kernel, backend: str, interpret_options: dict | None = None):
+    """Run a written module (its lines shown in tracebacks) and return its ``forward`` and one
+    jit of it per interpret mode, so eager calls reuse the compiled kernel."""
+    import jax
+    from napkin.lower.emit import identifier
+    filename = f"<napkin-kernel-{next(_counter)}-{kernel.name}-{backend}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    namespace = {"__name__": f"napkin_kernel_{identifier(kernel.name)}"}
+    exec(compile(source, filename, "exec"), namespace)
+    forward = namespace[kernel.symbol("forward")]
+    calls = {False: jax.jit(forward, static_argnames=("interpret",)),
+             True: jax.jit(forward, static_argnames=("interpret",),
+                           compiler_options=interpret_options)}
+    return forward, calls

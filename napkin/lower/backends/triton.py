@@ -29,17 +29,13 @@ o/z by its running max), so a tile holding such a row visits every chunk.
 """
 from __future__ import annotations
 
-import itertools
-import linecache
-
 import jax
 import jax.numpy as jnp
-import numpy as np
 import sympy
 
 from napkin.arrays import array_types
 from napkin.errors import NapkinError
-from napkin.lower.backends import Written
+from napkin.lower.backends import Written, load_module
 from napkin.lower.emit import Recorder, Var, Writer, dtype_name, identifier
 from napkin.lower.plan import BlockRules, KernelPlan, reduction_neutral
 from napkin.primitives import EvalContext, align
@@ -49,7 +45,6 @@ I32 = jax.ShapeDtypeStruct((), jnp.int32)
 # XLA options for interpret-mode kernels: compile ~3x faster, run a little slower.
 INTERPRET_COMPILER_OPTIONS = {"xla_backend_optimization_level": 0,
                               "xla_llvm_disable_expensive_passes": True}
-_counter = itertools.count()
 
 
 class RefWire:
@@ -550,11 +545,7 @@ class _Spelling:
                     f"# {a.describe(gaxes)}")
 
         what = [
-            f"program: {plan.describe}",
-            "inputs:  " + ", ".join(f"{a.name}{list(a.shape)} {np.dtype(a.dtype).name}"
-                                   for a in plan.inputs),
-            "outputs: " + ", ".join(f"{o.name}{list(o.shape)} {o.dtype.name}"
-                                   for o in plan.outputs),
+            *plan.summary(),
             f"grid:    {grid}" + ("  (" + ", ".join(f"{g.axis}: {g.tiles} tiles of {g.tile}"
                                                    for g in plan.grid) + ")"
                                   if plan.grid else "")
@@ -601,17 +592,9 @@ class _Spelling:
                 f"    )({args})"]
         definitions = "\n".join(defs + kernel_lines + fwd) + "\n"
         source = "\n".join(head) + "\n" + definitions
-        filename = f"<napkin-kernel-{next(_counter)}-{k.name}>"
-        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-        namespace = {"__name__": f"napkin_kernel_{identifier(k.name)}"}
-        exec(compile(source, filename, "exec"), namespace)
-        forward = namespace[k.symbol("forward")]
-        # one jit per interpret mode, so eager calls reuse the compiled kernel;
         # interpret mode compiles with XLA's cheap settings (it is for testing)
-        calls = {False: jax.jit(forward, static_argnames=("interpret",)),
-                 True: jax.jit(forward, static_argnames=("interpret",),
-                               compiler_options=INTERPRET_COMPILER_OPTIONS)}
-        return Written(source, forward, calls, launch, definitions=definitions)
+        forward, calls = load_module(source, k, "triton", INTERPRET_COMPILER_OPTIONS)
+        return Written(source, forward, calls, launch, definitions=definitions, backend="triton")
 
 
 def tile_indices(plan, ids: list[str]) -> list[str]:

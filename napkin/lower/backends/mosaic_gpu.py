@@ -1,0 +1,984 @@
+"""The Mosaic GPU backend: a :class:`~napkin.lower.plan.KernelPlan` spelled with ``plgpu.kernel``
+for Hopper — TMA copies, warp specialisation, wgmma.
+
+The plan decides the grid, the blocks and the stream, as for Triton; this module spells them
+the way FlashAttention-3 runs on Hopper (the paper's §5 configuration):
+
+* **the grid** — the plan's grid dimensions as ``plgpu.kernel``'s grid (``lax.axis_index``);
+* **consumer warpgroups** — a program's rows are split over ``W`` consumer warpgroups of
+  64 rows or more each (wgmma's M is 64 per warpgroup): a grid axis whose tile is a multiple of
+  128 is cut into W slices (:class:`Split` ``slice``), or one of a few indices (GQA's query
+  heads per KV head) gives each warpgroup one index (``index``, the axis unwoven from the
+  body); W is derived from the plan's tiles, and the registers a consumer's state needs must
+  fit what ``setmaxnreg`` leaves it beside the producer (:func:`consumer_registers`);
+* **a stream** — ``plgpu.emit_pipeline_warp_specialized``: a producer warpgroup issues the
+  TMA copies of every streamed input's chunks (``BlockSpec`` with ``TilingTransform`` /
+  ``SwizzleTransform``), ``max_concurrent_steps`` = the schedule's pipeline stages, and the
+  accumulator's state is the consumers' carry; ``set_max_registers`` moves registers from the
+  producer to the consumers;
+* **inputs loaded once** (a query tile) — one TMA copy per consumer into shared memory;
+* **contractions** — ``plgpu.wgmma`` into an ``ACC``: operands in shared memory in place
+  (Kᵀ as a transposed view), a first operand computed in the kernel (P) from registers;
+* **every other box** through its primitive's ``evaluate`` with a recording namespace
+  (:class:`MosaicRecorder`), as the Triton backend does: the kernel's code is the semantics'
+  own box mapping; broadcasts are written as ``lax.broadcast_in_dim`` (Mosaic's layouts need
+  them explicit) and positions as ``broadcasted_iota``;
+* **the epilogue** — each output through shared memory and a TMA store.
+
+What it refuses, in one line each (:func:`refusal`): f32 kernels (wgmma here runs bf16 / f16),
+sizes its tiles do not divide (no masked tails yet), padded axes, loops inside the body,
+more than one stream, rows that do not split into 64-row warpgroups, a state that does not fit
+a consumer's registers; and, while writing, a contraction whose second operand is computed
+in the kernel (wgmma reads it from shared memory).  ``backend="auto"`` then falls back to
+Triton with that reason.  Tile skipping (causal, sliding windows) is the pipeline's number of
+steps per program (a dynamic grid), with the chunk index offset by the first kept chunk.
+
+Interpret mode (``plgpu.InterpretGPUParams``, jax >= 0.11) runs the same module on a CPU,
+~100x slower than Triton's; its wgmma reads shared memory only and takes no accumulator
+initialised from registers, so there a contraction whose first operand is in registers is a
+``lax.dot_general``, and an accumulation into the state is a fresh accumulator and an add
+(the two differences).
+"""
+from __future__ import annotations
+
+import inspect
+import math
+import re
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import sympy
+
+from napkin.arrays import array_types
+from napkin.errors import NapkinError
+from napkin.lower.backends import Written, load_module
+from napkin.lower.emit import LOW_PRECISION, Recorder, Var, Writer, dtype_name
+from napkin.ir import to_graph
+from napkin.lower.plan import BlockRules, KernelPlan, loop_boxes
+from napkin.primitives import EvalContext
+from napkin.semantics import fold_boxes
+from napkin.weave import unweavable, unweave
+
+SMEM_LIMIT = 232448         # bytes of shared memory a Hopper block may use (227 KiB)
+EPILOGUE_BYTES = 16384      # an output block per consumer above this is stored in slices
+EPILOGUE_COLUMNS = 64       # of this many columns, through two shared-memory slots
+TMA_BOX = 256               # a TMA copy's box: at most this many elements per dimension
+SMEM_ALIGNMENT = 1024       # Mosaic GPU aligns every shared-memory buffer to this
+ROWS = 64                   # wgmma's M: rows one warpgroup's matrix product covers
+THREADS = 128               # threads per warpgroup
+REGISTERS_PER_SM = 65536    # 32-bit registers (Hopper)
+PRODUCER_REGISTERS = 40     # what the TMA-issuing warpgroup keeps (FA3, JAX's examples)
+MAX_CONSUMERS = 3           # the paper's derivation: at most 3 consumer warpgroups fit
+I32 = jax.ShapeDtypeStruct((), jnp.int32)
+
+
+def consumer_registers(consumers: int, producer: bool = True) -> int:
+    """Registers per thread ``setmaxnreg`` gives each consumer warpgroup (as
+    ``emit_pipeline_warp_specialized`` does): the SM's file less the producer's, shared, in
+    multiples of 8, at most 256 (a block holds W + 1 warpgroups of 128 threads)."""
+    left = REGISTERS_PER_SM // THREADS - (PRODUCER_REGISTERS if producer else 0)
+    return int(min(256, left / consumers) // 8 * 8)
+
+
+@dataclass(frozen=True)
+class Split:
+    """How a program's rows go to its consumer warpgroups: ``slice`` — grid axis ``axis``'s
+    tile cut into ``consumers`` slices of ``rows``; ``index`` — each warpgroup takes one
+    index of ``axis`` (unwoven from the body); None axis: one warpgroup takes it all."""
+    kind: str | None
+    axis: str | None
+    consumers: int
+    rows: int | None = None
+
+    def describe(self) -> str:
+        if self.kind == "slice":
+            return f"{self.consumers} consumer warpgroups of {self.rows} {self.axis} each"
+        if self.kind == "index":
+            return f"{self.consumers} consumer warpgroups, one {self.axis} each"
+        return "one consumer warpgroup"
+
+
+def split_rows(plan: KernelPlan) -> Split | str:
+    """The consumers' split of a program's rows (a reason string when there is none)."""
+    grid = [g for g in plan.grid if g.axis not in _squeezed(plan)]
+    # the rows are what wgmma's M runs over: grid axes that lead the outputs' blocks first
+    leading = {ap.names[0] for ap in plan.outputs if ap.names}
+    grid.sort(key=lambda g: g.axis not in leading)
+    split = Split(None, None, 1)
+    for g in grid:  # a tile of 128 or more rows: slices of 64 (or more) per warpgroup
+        if g.tile % (2 * ROWS) == 0:
+            w = g.tile // ROWS
+            while w > MAX_CONSUMERS:
+                w //= 2
+            return Split("slice", g.axis, w, g.tile // w)
+    for g in grid:  # a few indices (query heads of one KV head): one per warpgroup
+        if 2 <= g.tile <= MAX_CONSUMERS and not unweavable(plan.body, g.axis):
+            split = Split("index", g.axis, g.tile)
+            break
+    for ap in plan.outputs:  # a consumer's rows: the first axis of its output blocks
+        rows = [(a, n) for a, n in zip(ap.names, ap.kernel_block) if a != split.axis]
+        if not rows or rows[0][1] % ROWS:
+            what = f"{rows[0][1]} {rows[0][0]}" if rows else "one"
+            return (f"{ap.name}: a program's rows ({what}) are not a multiple of a "
+                    f"warpgroup's {ROWS} (wgmma's M; Mosaic's register layouts)")
+    return split
+
+
+def _squeezed(plan: KernelPlan) -> set:
+    return {a for ap in plan.inputs + plan.outputs for a in ap.squeezed}
+
+
+def refusal(plan: KernelPlan) -> str:
+    """Why this backend cannot write ``plan`` ("" when it can): the module doc's list."""
+    for ap in plan.inputs + plan.outputs:
+        dt = np.dtype(ap.dtype)
+        if jnp.issubdtype(dt, jnp.floating) and dt not in LOW_PRECISION[:2]:
+            return (f"{ap.name} is {dt.name}: the Mosaic GPU backend writes bf16 / f16 kernels "
+                    f"(wgmma); use dtype='bf16'")
+        if not jnp.issubdtype(dt, jnp.floating):
+            return f"{ap.name} is {dt.name}: the Mosaic GPU backend takes floating arrays only"
+    if plan.padded:
+        a = next(iter(plan.padded))
+        return f"axis {a}={plan.sizes.get(a)} would be padded; the Mosaic GPU backend has no masks"
+    for g in plan.grid:
+        if g.ragged:
+            return (f"group {g.axis}: {g.size} is not a multiple of its tile {g.tile} (no masked "
+                    f"tails in the Mosaic GPU backend)")
+    if plan.inner:
+        return "a loop over a group inside the kernel body (the Mosaic GPU backend writes none)"
+    loops = loop_boxes(plan.body)
+    if len(loops) > 1:
+        return "more than one stream in a kernel (the Mosaic GPU backend pipelines one)"
+    if loops and loops[0] not in plan.body.boxes:
+        return "a stream nested in another box"
+    chunks = {sp.axis: sp.chunk for sp in plan.streams.values()}
+    for ap in plan.inputs + plan.outputs:
+        names = [a for a in ap.type.names if a not in ap.squeezed]
+        if not names:
+            return f"{ap.name} is one value per program (TMA copies arrays of 16 B rows or more)"
+        block = [chunks.get(a, n) for a, n in zip(names, ap.kernel_block)]
+        if max(block) > TMA_BOX:
+            a = names[block.index(max(block))]
+            return (f"{ap.name}: its blocks hold {max(block)} along {a}; TMA copies at most "
+                    f"{TMA_BOX} along each dimension (choose a tile or chunk of {a})")
+        last = chunks.get(names[-1], ap.kernel_block[-1]) * np.dtype(ap.dtype).itemsize
+        if last % 16:
+            return (f"{ap.name}: its blocks' rows ({names[-1]}) are {last} B; TMA copies rows "
+                    f"of a multiple of 16 B")
+    g = to_graph(plan.body)
+    for v, ap in zip(g.graph["inputs"], plan.inputs):
+        readers = {g.nodes[n]["box"].spec.kind for n in g.successors(v)}
+        if ap.streamed and (readers != {"stream"} or v in g.graph["outputs"]):
+            return f"{ap.name} is both streamed and read whole"
+    for sp in plan.streams.values():
+        if sp.tail:
+            return (f"stream {sp.axis}: {sp.size} is not a multiple of its chunk {sp.chunk} "
+                    f"(no masked tails in the Mosaic GPU backend)")
+        if sp.chunk % 16:
+            return f"stream {sp.axis}: chunk {sp.chunk} is not a multiple of 16 (wgmma's K)"
+    if len(plan.launch_shape) > 3:
+        return f"a grid of {len(plan.launch_shape)} dimensions (CUDA launches 3)"
+    split = split_rows(plan)
+    if isinstance(split, str):
+        return split
+    return ""
+
+
+# ------------------------------------------------------------------ the recording namespace
+class SmemRef(Var):
+    """An array in shared memory (a TMA-copied tile or chunk): a box reading it loads it into
+    registers (``ref[...]``); a contraction reads it in place."""
+
+    def __init__(self, writer, ref: str, aval):
+        super().__init__(writer, ref, aval, temp=False)
+        self.ref = ref
+
+    def __str__(self):
+        return f"{self.ref}[...]"
+
+
+class MosaicWriter(Writer):
+    """A Writer whose implicit broadcasts become ``lax.broadcast_in_dim`` (Mosaic GPU's
+    register layouts have no (n, 1) arrays to broadcast from)."""
+
+    def __init__(self, namespace=None):
+        super().__init__(namespace)
+        self.shapes = set()  # every array shape the kernel computes (register estimate)
+
+    def let(self, expr, *args, name=None, aval=None, comment=None):
+        if aval is None:
+            aval = self._aval(expr, args)
+            shape = tuple(getattr(aval, "shape", ()))
+            inner = self.on_sources(expr, args, shape)
+            if inner is not None:  # an op on broadcastable values: on their sources
+                src, dims = inner
+                out = super().let(f"{{0}}.reshape({shape})", src, name=name, aval=aval,
+                                  comment=comment)
+                out.expanded = (src, dims)
+                return out
+            args = tuple(self.broadcast(a, shape) for a in args)
+        self.shapes.add(tuple(getattr(aval, "shape", ())))
+        return super().let(expr, *args, name=name, aval=aval, comment=comment)
+
+    def on_sources(self, expr, args, shape):
+        """An elementwise op whose array operands are all unit-axis expansions of arrays of
+        one shape (a row index minus a window): the op on those arrays, and where their
+        axes go — (result, dims) — so that the result broadcasts from it too."""
+        vars_ = [a for a in args if isinstance(a, Var) and a.ndim]
+        if not vars_ or not all(hasattr(a, "expanded") and a.shape == shape for a in vars_):
+            return None
+        srcs = {(a.expanded[0].shape, a.expanded[1]) for a in vars_}
+        if len(srcs) != 1:
+            return None
+        dims = vars_[0].expanded[1]
+        inner = self.let(expr, *[a.expanded[0] if isinstance(a, Var) and a.ndim else a
+                                 for a in args])
+        return inner, dims
+
+    def broadcast(self, x, shape):
+        if not isinstance(x, Var) or x.shape == shape or not x.shape or not shape:
+            return x
+        if len(x.shape) > len(shape) or np.broadcast_shapes(x.shape, shape) != shape:
+            return x  # a reduction's input, not a broadcast
+        src, dims = getattr(x, "expanded", (x, tuple(range(len(shape) - x.ndim, len(shape)))))
+        aval = jax.ShapeDtypeStruct(shape, x.dtype)
+        return super().let(f"lax.broadcast_in_dim({{0}}, {shape}, {dims})", src, aval=aval)
+
+
+class MosaicRecorder(Recorder):
+    """The Recorder with Mosaic GPU's spellings of broadcasts, positions and contractions."""
+
+    name = "pallas-mosaic-gpu"
+
+    def reshape(self, x, shape):
+        """A reshape that only inserts unit axes remembers its source and where its axes
+        went, so that a broadcast of it is written from the source (MosaicWriter)."""
+        out = super().reshape(x, shape)
+        shape = tuple(int(s) for s in shape)
+        if out is not x and len(shape) > x.ndim:
+            dims, j = [], 0
+            for d, n in enumerate(shape):
+                if j < x.ndim and n == x.shape[j]:
+                    dims.append(d)
+                    j += 1
+                elif n != 1:
+                    break
+            else:
+                if j == x.ndim:
+                    out.expanded = (x, tuple(dims))
+        return out
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        plain = self.add
+
+        def add(a, b):
+            """state + a·b: the product accumulates into the state (wgmma's accumulator
+            initialised with it) instead of a fresh accumulator and an add."""
+            for acc, prod in ((a, b), (b, a)):
+                mma = getattr(prod, "mma", None)
+                if mma and isinstance(acc, Var) and acc.shape == prod.shape and \
+                        acc.dtype == np.float32 and not isinstance(acc, SmemRef):
+                    A, B, kind = mma
+                    return self.w.let(f"_mma_into{kind}({acc.name}, {A}, {B})",
+                                      aval=prod.aval)
+            return plain(a, b)
+        self.add = add
+
+    def arange(self, n):
+        return self.w.let(f"lax.broadcasted_iota(jnp.int32, ({int(n)},), 0)")
+
+    def _dot(self, la, a, lb, b, out, batch, fa, fb, contracted, sizes, dt):
+        """One wgmma: A (M x K) from shared memory or registers, B (K x N) from shared
+        memory, both as stored or transposed; the result in an f32 accumulator."""
+        if dt not in LOW_PRECISION[:2]:
+            raise NapkinError(f"a {np.dtype(dt).name} matrix product: wgmma runs bf16 / f16 here")
+        if batch or len(la) != 2 or len(lb) != 2 or len(fa) != 1 or len(fb) != 1:
+            raise NapkinError(f"contraction {la},{lb}->{out}: wgmma takes one 2-D product "
+                              f"(no batch axes)")
+        a, b = self.astype(a, dt), self.astype(b, dt)
+        m, n = sizes[fa[0]], sizes[fb[0]]
+
+        def operand(x, order, want, which):
+            if isinstance(x, SmemRef):
+                return x.ref if order == want else f"{x.ref}.T"
+            if which == "B":
+                raise NapkinError(f"contraction {la},{lb}->{out}: its second operand is computed "
+                                  f"in the kernel; wgmma reads it from shared memory")
+            if order != want:
+                raise NapkinError(f"contraction {la},{lb}->{out}: a first operand in registers "
+                                  f"must be (M, K)")
+            return x.name
+        A = operand(a, la, fa[0] + contracted[0], "A")
+        B = operand(b, lb, contracted[0] + fb[0], "B")
+        helper = "_mma" if isinstance(a, SmemRef) else "_mma_registers"
+        c = self.w.let(f"{helper}({A}, {B}, ({m}, {n}))",
+                       aval=jax.ShapeDtypeStruct((m, n), jnp.float32))
+        c.mma = (A, B, "" if isinstance(a, SmemRef) else "_registers")
+        if out != fa[0] + fb[0]:
+            c = self.transpose(c, [1, 0])
+        c.origin = ("dot",)
+        return c
+
+
+# ------------------------------------------------------------------ the spelling
+HELPERS = '''
+_MODE = {"interpret": False}
+
+
+def _mma(a, b, shape):
+    """a @ b on the tensor cores (wgmma), both operands in shared memory."""
+    def run(acc):
+        plgpu.wgmma(acc, a, b)
+        return acc[...]
+    return pl.run_scoped(run, plgpu.ACC(shape, jnp.float32))
+
+
+def _mma_registers(a, b, shape):
+    """a @ b with ``a`` in registers (WGMMA layout), ``b`` in shared memory; interpret mode's
+    wgmma reads shared memory only, so there it is a plain dot."""
+    if _MODE["interpret"]:
+        return lax.dot_general(a, b[...], (((1,), (0,)), ((), ())),
+                               preferred_element_type=jnp.float32)
+    return _mma(a, b, shape)
+
+
+def _mma_into(acc, a, b):
+    """acc + a @ b, accumulated on the tensor cores into ``acc``'s registers (interpret
+    mode does not run an accumulator initialised from registers: a fresh one, and an add)."""
+    if _MODE["interpret"]:
+        return acc + _mma(a, b, acc.shape)
+
+    def run(acc_ref):
+        plgpu.wgmma(acc_ref, a, b)
+    return pl.run_state(run)(plgpu.ACC.init(acc))
+
+
+def _mma_into_registers(acc, a, b):
+    """acc + a @ b with ``a`` in registers (see _mma_registers)."""
+    if _MODE["interpret"]:
+        return acc + lax.dot_general(a, b[...], (((1,), (0,)), ((), ())),
+                                     preferred_element_type=jnp.float32)
+    return _mma_into(acc, a, b)
+
+
+def _transforms(block, dtype):
+    """Tiling and swizzling of a shared-memory block (its last dimension's bytes): for
+    matrices of 8-row tiles whose rows are 32 B or more (what wgmma and TMA swizzle)."""
+    if len(block) < 2 or block[-2] % 8 or block[-1] * jnp.dtype(dtype).itemsize < 32:
+        return ()
+    swizzle = plgpu.find_swizzle(block[-1] * jnp.dtype(dtype).itemsize * 8)
+    return (plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)),
+            plgpu.SwizzleTransform(swizzle))
+
+
+def _ignore(*args, **kwargs):
+    return None
+'''
+
+
+class _Spelling:
+    def __init__(self, kernel, plan: KernelPlan, stages: int):
+        self.k, self.plan, self.stages = kernel, plan, stages
+        self.w = MosaicWriter()
+        self.xp = MosaicRecorder(self.w, kernel.f32_precision, dot_min=16)
+        split = split_rows(plan)
+        self.split = split
+        self.body = plan.body
+        if split.kind == "index":
+            self.body = unweave(self.body, split.axis)
+        self.arrays = plan.inputs + plan.outputs
+        self.gmem = [self.w.reserve(f"{a.name}_gmem") for a in self.arrays]
+        self.stream_box = next((b for b in loop_boxes(self.body)), None)
+        # the plan's StreamPlan (keyed by the plan's own stream box, before any unweave)
+        self.stream_plan = next((plan.streams[id(b.spec)] for b in loop_boxes(plan.body)), None)
+        self.streamed = {i for i, a in enumerate(plan.inputs) if a.streamed}
+        self.fixed = [i for i in range(len(plan.inputs)) if i not in self.streamed]
+        self.notes = [f"rows: {split.describe()}"]
+        # what the kernel allocates in shared memory, bytes by purpose: "staged" is what the
+        # schedule counts (tiles loaded once, a chunk per stage); Mosaic aligns every buffer
+        # to SMEM_ALIGNMENT and reserves scratch for cross-warp reductions
+        self.smem = {"staged": 0, "epilogue": 0, "alignment": 0, "reduction scratch": 0,
+                     "barriers": 0}
+
+    # -------------------------------------------------------------- shapes and windows
+    def consumer_shape(self, ap) -> tuple:
+        """An array's block as one consumer warpgroup sees it."""
+        out = []
+        for a, b in zip(ap.names, ap.kernel_block):
+            if self.split.kind == "index" and a == self.split.axis:
+                continue
+            out.append(self.split.rows if self.split.kind == "slice" and a == self.split.axis
+                       else b)
+        return tuple(out)
+
+    def gmem_window(self, ap, ref, consumer: bool, keep=(), cut=None) -> str:
+        """``ref`` cut to this program's block (``consumer``: to one warpgroup's part); axes
+        in ``keep`` stay whole (a stream's axis, which the pipeline cuts); ``cut``: (axis,
+        offset, size) — that axis cut further to a slice of the block (an epilogue's)."""
+        idx = []
+        for a, n, b in zip(ap.type.names, ap.shape, ap.block):
+            start = self.starts.get(a)
+            if cut is not None and a == cut[0]:
+                at = cut[1] if start is None else f"{start} + {cut[1]}"
+                idx.append(f"pl.ds({at}, {cut[2]})")
+            elif a in ap.squeezed:
+                idx.append(str(start))
+            elif a in keep or start is None:
+                idx.append(":")
+            elif consumer and self.split.axis == a and self.split.kind == "index":
+                idx.append(f"{start} + wg")
+            elif consumer and self.split.axis == a:
+                idx.append(f"pl.ds({start} + wg * {self.split.rows}, {self.split.rows})")
+            else:
+                idx.append(f"pl.ds({start}, {b})")
+        if all(i == ":" for i in idx):
+            return ref
+        return f"{ref}.at[{', '.join(idx)}]"
+
+    def consumer_view(self, ap, ref: str) -> str:
+        """A shared-memory block holding the whole program's tile, cut to this warpgroup's."""
+        if self.split.axis not in ap.names:
+            return ref
+        d = ap.names.index(self.split.axis)
+        idx = [":"] * d + (["wg"] if self.split.kind == "index" else
+                           [f"pl.ds(wg * {self.split.rows}, {self.split.rows})"])
+        return f"{ref}.at[{', '.join(idx)}]"
+
+    def buffer(self, purpose: str, nbytes: int) -> None:
+        self.smem[purpose] += nbytes
+        self.smem["alignment"] += -nbytes % SMEM_ALIGNMENT
+
+    def nbytes(self, shape, dtype) -> int:
+        return int(math.prod(shape)) * np.dtype(dtype).itemsize
+
+    # -------------------------------------------------------------- the body
+    def run(self, diagram, ctx, wires):
+        def apply(box, args):
+            if getattr(box.spec, "kind", None) == "stream":
+                return self.stream(box, ctx, args)
+            out = list(box.spec.evaluate(ctx, tuple(array_types(box.dom)),
+                                         tuple(array_types(box.cod)), *args))
+            for var, ob in zip(out, box.cod.inside):
+                self.w.rename(var, ob.name)
+            return out
+        return fold_boxes(diagram, wires, apply)
+
+    def stream(self, box, ctx, args):
+        spec, sp = box.spec, self.stream_plan
+        w = self.w
+        ax, s = sp.axis, sp.chunk
+        ins = array_types(box.dom)
+        streamed = [i for i, t in enumerate(ins) if t.has(ax)]
+        if any(not isinstance(args[i], SmemRef) or args[i].ref not in self.chunk_refs
+               for i in streamed):
+            raise NapkinError(f"stream {ax}: a streamed input computed in the kernel (the "
+                              f"Mosaic GPU backend streams loaded arrays only)")
+        fixed = [a for i, a in enumerate(args) if i not in streamed]
+        env = dict(ctx.env)
+        if isinstance(spec.chunk, sympy.Symbol):
+            env[spec.chunk] = s
+        w.line()
+        w.comment(f"stream {ax}: {sp.size} in chunks of {s}, accumulator {sp.rule}; a producer "
+                  f"warpgroup copies the chunks in ({self.stages} in flight)")
+        state = self.run(spec.init, EvalContext(env, ctx.offsets, self.xp), [])
+        for var, ob in zip(state, spec.init.cod.inside):
+            w.rename(var, ob.name)
+        carried = [a for a in fixed if not isinstance(a, SmemRef)]
+        fn, idx = w.fresh(f"{ax}_chunk"), w.fresh("idx")
+        chunk_names = [self.chunk_refs[args[i].ref] for i in streamed]
+        w.line(f"def {fn}({idx}, {', '.join(c for c, _ in chunk_names)}, carry):")
+        w.indent()
+        st_in = [Var(w, w.fresh(ob.name), v.aval, temp=False)
+                 for v, ob in zip(state, spec.init.cod.inside)]
+        kept = [Var(w, w.fresh(v.name), v.aval, temp=False) for v in carried]
+        names = [v.name for v in st_in + kept]
+        w.line(f"{', '.join(names)}{',' if len(names) == 1 else ''} = carry")
+        first = f"({idx}[0] + {self.lo})" if self.lo != 0 else f"{idx}[0]"
+        start = w.let(f"{first} * {s}", name=f"{ax}0", aval=I32)
+        chunk_args, it_c, it_k = [], iter(chunk_names), iter(kept)
+        for i, a in enumerate(args):
+            if i in streamed:
+                ref, ap = next(it_c)
+                view = w.fresh(f"{ap.name}_wg")
+                w.line(f"{view} = {self.consumer_view(ap, ref)}")
+                shape = tuple(s if a == ax else n for a, n in
+                              zip(ins[i].names, args[i].shape))
+                chunk_args.append(SmemRef(w, view, jax.ShapeDtypeStruct(shape, args[i].dtype)))
+            elif isinstance(a, SmemRef):
+                chunk_args.append(a)
+            else:
+                chunk_args.append(next(it_k))
+        offsets = dict(ctx.offsets)
+        offsets[ax] = start
+        new = self.run(spec.update, EvalContext(env, offsets, self.xp), st_in + chunk_args)
+        outs = []
+        for var, init in zip(new, state):
+            if var.dtype != init.dtype:
+                var = w.let(f"{{0}}.astype({dtype_name(init.dtype)})", var)
+            outs.append(var)
+        back = [v.name for v in outs + kept]
+        w.line(f"return ({', '.join(back)}{',' if len(back) == 1 else ''})")
+        w.dedent()
+        w.line(f"steps[{ax!r}] = {fn}")
+        init = [v.name for v in state + carried]
+        final = [Var(w, w.fresh(ob.name), v.aval, temp=False)
+                 for v, ob in zip(state, spec.init.cod.inside)]
+        rest = [w.fresh("_") for _ in carried]
+        lhs = [v.name for v in final] + rest
+        w.line(f"{', '.join(lhs)}{',' if len(lhs) == 1 else ''} = run(({', '.join(init)}"
+               f"{',' if len(init) == 1 else ''}))")
+        fin = EvalContext(env, ctx.offsets, self.xp)
+        return self.run(spec.finalize, fin, final + fixed)
+
+    # -------------------------------------------------------------- the module
+    def write(self) -> Written:
+        k, plan, w, split = self.k, self.plan, self.w, self.split
+        launch_ids = [f"lax.axis_index('g{i}')" for i in range(len(plan.launch_dims))]
+        from napkin.lower.backends.triton import tile_indices
+        tiles = tile_indices(plan, launch_ids)
+        n_in = len(plan.inputs)
+        w.line(f"def {k.symbol('kernel')}({', '.join(self.gmem)}):")
+        w.indent()
+        self.starts = {}
+        for g, pid in zip(plan.grid, tiles):
+            expr = f"({pid})" if " " in pid else pid
+            self.starts[g.axis] = w.reserve(f"{g.axis}0")
+            w.line(f"{self.starts[g.axis]} = {expr}" + (f" * {g.tile}" if g.tile != 1 else "")
+                   + f"  # group {g.axis}: this program's tile starts here")
+        W = split.consumers
+        streamed = bool(self.stream_box)
+        # shared memory: inputs loaded once (per consumer), outputs staged for the TMA store
+        scratch, scratch_names = [], []
+        self.fixed_smem = {}
+        for i in self.fixed:
+            ap = plan.inputs[i]
+            shape = (W,) + self.consumer_shape(ap)
+            name = w.reserve(f"{ap.name}_smem")
+            scratch.append(f"plgpu.SMEM({shape}, {dtype_name(ap.dtype)}, "
+                           f"transforms=_transforms({shape[1:]}, {dtype_name(ap.dtype)}))")
+            scratch_names.append(name)
+            self.fixed_smem[i] = name
+            self.buffer("staged", self.nbytes(shape, ap.dtype))
+        self.out_smem, self.tiled_epilogue = [], set()
+        free = {i: ((W,) + self.consumer_shape(plan.inputs[i]), np.dtype(plan.inputs[i].dtype))
+                for i in self.fixed}
+        for ap in plan.outputs:
+            shape = (W,) + self.consumer_shape(ap)
+            # an input loaded once of the output's shape and dtype (Q for O) is read for the
+            # last time before the epilogue: the output is staged in its buffer (as FA3 does)
+            reuse = next((i for i, sd in free.items() if sd == (shape, np.dtype(ap.dtype))),
+                         None)
+            if reuse is not None:
+                del free[reuse]
+                self.out_smem.append(self.fixed_smem[reuse])
+                self.notes.append(f"{ap.name} is staged for its store in {plan.inputs[reuse].name}'s "
+                                  f"shared memory")
+                continue
+            name = w.reserve(f"{ap.name}_smem")
+            if len(shape) > 2 and self.nbytes(shape[1:], ap.dtype) > EPILOGUE_BYTES and \
+                    shape[-1] % EPILOGUE_COLUMNS == 0:
+                # a large output block goes out in column slices through two slots, each
+                # slice's TMA store overlapping the next slice's copy into shared memory
+                shape = (W, 2) + shape[1:-1] + (EPILOGUE_COLUMNS,)
+                self.tiled_epilogue.add(len(self.out_smem))
+            scratch.append(f"plgpu.SMEM({shape}, {dtype_name(ap.dtype)}, "
+                           f"transforms=_transforms({shape[-2:]}, {dtype_name(ap.dtype)}))")
+            scratch_names.append(name)
+            self.out_smem.append(name)
+            self.buffer("epilogue", self.nbytes(shape, ap.dtype))
+        n_bar = W * len(self.fixed)
+        if n_bar:
+            scratch.append(f"plgpu.Barrier(num_barriers={n_bar})")
+            scratch_names.append(w.reserve("loaded"))
+            self.smem["barriers"] += 8 * n_bar
+        # the stream's pipeline (its chunk BlockSpecs)
+        self.chunk_refs = {}
+        windows = []
+        if streamed:
+            sp = self.stream_plan
+            lo, hi = self.skip_bounds(sp)
+            steps = sp.chunks if (lo, hi) == (0, sp.chunks) else \
+                f"jnp.maximum({hi} - {lo}, 1).astype(jnp.int32)" if not isinstance(hi, int) \
+                else max(hi - lo, 1)
+            self.lo = lo
+            specs = []
+            for i in sorted(self.streamed):
+                ap = plan.inputs[i]
+                window = self.gmem_window(ap, self.gmem[i], consumer=False, keep={sp.axis})
+                windows.append(window)
+                names = [a for a in ap.type.names if a not in ap.squeezed]
+                block = tuple(sp.chunk if a == sp.axis else b
+                              for a, b in zip(names, ap.kernel_block))
+                index = ", ".join((f"c + {lo}" if lo != 0 else "c") if a == sp.axis else "0"
+                                  for a in names)
+                specs.append(f"plgpu.BlockSpec({block}, lambda c: ({index},), "
+                             f"transforms=_transforms({block}, {dtype_name(ap.dtype)}))")
+                self.buffer("staged", min(self.stages, sp.chunks) * self.nbytes(block, ap.dtype))
+            w.line("def pipeline(step, consumer):")
+            w.line("    return plgpu.emit_pipeline_warp_specialized(")
+            w.line(f"        step, grid=({steps},), memory_registers={PRODUCER_REGISTERS},")
+            w.line(f"        in_specs=[{', '.join(specs)}],")
+            w.line(f"        wg_axis='wg', num_compute_wgs={W}, "
+                   f"max_concurrent_steps={min(self.stages, sp.chunks)}, compute_context=consumer)")
+            self.smem["barriers"] += 8 * 2 * min(self.stages, sp.chunks)  # produced, consumed
+        w.line()
+        params = (["allocs"] if streamed else []) + scratch_names
+        w.line(f"def scoped({', '.join(params)}):")
+        w.indent()
+        w.line("wg = lax.axis_index('wg')")
+        w.line("steps = {}")
+        w.line("def consumer(run=None):")
+        w.indent()
+        wires = []
+        for j, i in enumerate(self.fixed):
+            ap = plan.inputs[i]
+            ref = f"{self.fixed_smem[i]}.at[wg]"
+            w.line(f"plgpu.copy_gmem_to_smem({self.gmem_window(ap, self.gmem[i], True)}, {ref}, "
+                   f"loaded.at[wg * {len(self.fixed)} + {j}])")
+        for j, i in enumerate(self.fixed):
+            w.line(f"plgpu.barrier_wait(loaded.at[wg * {len(self.fixed)} + {j}])")
+        for i, ap in enumerate(plan.inputs):
+            aval = jax.ShapeDtypeStruct(self.consumer_shape(ap), ap.dtype)
+            if i in self.streamed:
+                ref = w.reserve(f"{ap.name}_chunk")
+                self.chunk_refs[ref] = (ref, ap)
+                wires.append(SmemRef(w, ref, aval))
+            else:
+                view = w.reserve(f"{ap.name}_wg")
+                w.line(f"{view} = {self.fixed_smem[i]}.at[wg]")
+                wires.append(SmemRef(w, view, aval))
+        offsets = {a: v for a, v in self.starts.items()}
+        env = dict(plan.env)
+        if split.kind == "slice":
+            offsets[split.axis] = w.let(f"{self.starts[split.axis]} + wg * {split.rows}",
+                                        name=f"{split.axis}_wg0", aval=I32)
+            spec = next(s for s in k.structure.groups if s.axis == split.axis)
+            if isinstance(spec.size, sympy.Symbol):
+                env[spec.size] = split.rows
+        offsets = {a: (v if isinstance(v, Var) else Var(w, v, I32, temp=False))
+                   for a, v in offsets.items()}
+        self.consumer_env = env
+        ctx = EvalContext(env, offsets, self.xp)
+        outs = self.run(self.body, ctx, wires)
+        w.line()
+        whole = []
+        for j, (val, ap) in enumerate(zip(outs, plan.outputs)):
+            if isinstance(val, SmemRef):
+                val = Var(w, str(val), val.aval, temp=False)
+            val = self.xp.astype(val, ap.dtype)
+            if j not in self.tiled_epilogue:
+                w.line(f"{self.out_smem[j]}.at[wg][...] = {val}")
+                whole.append(j)
+                continue
+            last = ap.names[-1]
+            for e in range(val.shape[-1] // EPILOGUE_COLUMNS):
+                cols = f"{e * EPILOGUE_COLUMNS}:{(e + 1) * EPILOGUE_COLUMNS}"
+                slot = f"{self.out_smem[j]}.at[wg, {e % 2}]"
+                w.line("plgpu.wait_smem_to_gmem(1, wait_read_only=True)")
+                w.line(f"{slot}[...] = {val}[{', '.join([':'] * (val.ndim - 1) + [cols])}]")
+                w.line("plgpu.commit_smem()")
+                cut = (last, e * EPILOGUE_COLUMNS, EPILOGUE_COLUMNS)
+                w.line(f"plgpu.copy_smem_to_gmem({slot}, "
+                       f"{self.gmem_window(ap, self.gmem[n_in + j], True, cut=cut)})")
+        if whole:
+            w.line("plgpu.commit_smem()")
+        for j in whole:
+            ap = plan.outputs[j]
+            w.line(f"plgpu.copy_smem_to_gmem({self.out_smem[j]}.at[wg], "
+                   f"{self.gmem_window(ap, self.gmem[n_in + j], True)})")
+        w.line("plgpu.wait_smem_to_gmem(0)")
+        w.dedent()
+        if streamed:
+            w.line(f"pipeline(lambda *a: steps[{self.stream_box.spec.axis!r}](*a), consumer)("
+                   f"{', '.join(windows)}, allocations=allocs)")
+        else:
+            w.line("consumer()")
+        w.dedent()
+        allocs = ([f"pipeline(_ignore, _ignore).get_allocations({', '.join(windows)})"]
+                  if streamed else [])
+        w.line(f"pl.run_scoped(scoped, {', '.join(allocs + scratch)}, collective_axes='wg')")
+        w.dedent()
+        self.check_registers()
+        if any(re.search(rf"\bjnp\.{r}\(", line) for line in w.live_lines()
+               for r in ("sum", "max", "min", "mean", "prod")):
+            from jax.experimental.pallas import mosaic_gpu as plgpu
+            scratch = plgpu.CompilerParams().reduction_scratch_bytes
+            self.smem["reduction scratch"] = -(-scratch // SMEM_ALIGNMENT) * SMEM_ALIGNMENT
+        self.check_shared_memory()
+        return self.module(W + streamed)
+
+    def skip_bounds(self, sp):
+        """The chunks [lo, hi) this program's pipeline visits: all, or — with tile skipping
+        from causal / window masks (plan.SkipPlan) — those holding a key some row of the
+        program's tile keeps; a tile with a fully masked row visits all (its guard makes the
+        row zero).  Ints, or names of values of this program written into the kernel."""
+        skip = sp.skip
+        if skip is None:
+            return 0, sp.chunks
+        if skip.static is not None:
+            return skip.static
+        w, s, n, g = self.w, sp.chunk, sp.size, skip.tile
+        first = self.starts[skip.query]
+        last = w.reserve(f"{skip.query}_last")
+        w.line(f"{last} = jnp.minimum({first} + {g.tile}, {g.size}) - 1")
+
+        def key_range(row):
+            low = f"jnp.maximum({row} + {skip.low}, 0)" if skip.low is not None else "0"
+            return low, f"jnp.minimum({row} + {skip.high}, {n})"
+        w.comment(f"tile skipping: only the chunks of {sp.axis} holding a key the "
+                  f"{'/'.join(skip.kinds)} mask keeps for a row of this tile")
+        (a0, b0), (a1, b1) = key_range(first), key_range(last)
+        empty = w.reserve(f"{skip.query}_masked_row")
+        w.line(f"{empty} = ({a0} >= {b0}) | ({a1} >= {b1})")
+        lo = 0
+        if skip.low is not None:
+            lo = w.reserve(f"{sp.axis}_lo")
+            w.line(f"{lo} = jnp.where({empty}, 0, {a0} // {s}).astype(jnp.int32)")
+        hi = w.reserve(f"{sp.axis}_hi")
+        w.line(f"{hi} = jnp.where({empty}, {sp.chunks}, ({b1} + {s - 1}) // {s})"
+               f".astype(jnp.int32)")
+        self.notes.append(f"stream {sp.axis}: tile skipping (the pipeline's steps per "
+                          f"program from the {'/'.join(skip.kinds)} masks)")
+        return lo, hi
+
+    def visited(self) -> int:
+        """Chunks the stream visits over all programs (the traffic of tile skipping)."""
+        sp, plan = self.stream_plan, self.plan
+        skip = sp.skip
+        programs = int(np.prod(plan.launch_shape))
+        if skip is None:
+            return programs * sp.chunks
+        if skip.static is not None:
+            return programs * max(skip.static[1] - skip.static[0], 1)
+        g, s, n = skip.tile, sp.chunk, sp.size
+        total = 0
+        for t in range(g.tiles):
+            first = t * g.tile
+            last = min(first + g.tile, g.size) - 1
+            lo0 = max(first + skip.low, 0) if skip.low is not None else 0
+            lo1 = max(last + skip.low, 0) if skip.low is not None else 0
+            hi0, hi1 = min(first + skip.high, n), min(last + skip.high, n)
+            if lo0 >= hi0 or lo1 >= hi1:
+                lo, hi = 0, sp.chunks
+            else:
+                lo, hi = (lo0 // s if skip.low is not None else 0), -(-hi1 // s)
+            total += max(hi - lo, 1)
+        return total * programs // g.tiles
+
+    def check_registers(self):
+        """A consumer's registers: its state and the largest tile it computes, in f32, over
+        its 128 threads, must fit what setmaxnreg gives it (else it would spill)."""
+        if not self.stream_box:
+            return
+        W = self.split.consumers
+        avals = self.state_avals()
+        others = [math.prod(sh) for sh in self.w.shapes if sh not in {a.shape for a in avals}]
+        need = int((sum(math.prod(v.shape) for v in avals) + 2 * max(others, default=0))
+                   / THREADS)
+        have = consumer_registers(W)
+        self.notes.append(f"registers per consumer thread: ~{need} of {have} (setmaxnreg)")
+        if need > have:
+            raise NapkinError(f"a consumer warpgroup needs ~{need} registers per thread (its "
+                              f"state and tiles) and {W} consumers leave {have}: choose smaller "
+                              f"tiles")
+
+    def check_shared_memory(self):
+        """Mosaic allocates exactly self.smem (checked against the export in the tests);
+        over a Hopper block's limit it would fail only at lowering."""
+        total = sum(self.smem.values())
+        if total > SMEM_LIMIT:
+            parts = ", ".join(f"{p} {b:,}" for p, b in self.smem.items() if b)
+            raise NapkinError(f"shared memory {total:,} B per block ({parts}) is over Hopper's "
+                              f"{SMEM_LIMIT:,} B: choose smaller tiles or fewer stages")
+
+    def state_avals(self):
+        spec = self.stream_box.spec
+        env = self.consumer_env
+        return [jax.ShapeDtypeStruct(tuple(int(sympy.sympify(a.size).subs(env))
+                                           for a in t.axes), jnp.float32)
+                for t in array_types(spec.init.cod)
+                if all(sympy.sympify(a.size).subs(env).is_Number for a in t.axes)]
+
+    def module(self, threads: int) -> Written:
+        k, plan = self.k, self.plan
+        names = [f"'g{i}'" for i in range(len(plan.launch_dims))]
+        grid = plan.launch_shape
+        args = ", ".join(a.name for a in plan.inputs)
+        what = [
+            *plan.summary(),
+            f"grid:    {grid}; {self.split.describe()}"
+            + (" + a producer warpgroup (TMA)" if self.stream_box else ""),
+            f"shared memory: {sum(self.smem.values())} B (" + ", ".join(
+                f"{p} {b}" for p, b in self.smem.items() if b) + ")",
+        ]
+        head = [f'"""Pallas kernel (Mosaic GPU backend) for {k.name}, written by napkin.lower.',
+                "", *what, "",
+                "Run it with forward(*inputs) on a Hopper GPU, interpret=True on a CPU.", '"""',
+                "import jax", "import jax.numpy as jnp", "from jax import lax",
+                "from jax.experimental import pallas as pl",
+                "from jax.experimental.pallas import mosaic_gpu as plgpu", ""]
+        out_type = ", ".join(f"jax.ShapeDtypeStruct({o.shape}, {dtype_name(o.dtype)})"
+                             for o in plan.outputs)
+        fwd = ["", "",
+               f"def {k.symbol('forward')}({args}, *, interpret=False):",
+               f'    """{", ".join(o.name for o in plan.outputs)} = '
+               f'{k.symbol("forward")}({args})"""',
+               "    extra = {'interpret': plgpu.InterpretGPUParams()} if interpret else {}",
+               "    _MODE['interpret'] = bool(interpret)",
+               "    try:  # Mosaic's pipelines index in int32 (x64 mode would make them int64)",
+               "      with jax.enable_x64(False):",
+               f"        return plgpu.kernel({k.symbol('kernel')}, out_type=[{out_type}], "
+               f"grid={grid}, grid_names=({', '.join(names)},), num_threads={threads}, "
+               f"thread_name='wg', **extra)({args})",
+               "    finally:",
+               "        _MODE['interpret'] = False"]
+        definitions = "\n".join(["", *(f"# {line}" for line in what if k.suffix)]
+                                + self.w.live_lines() + fwd) + "\n"
+        source = "\n".join(head) + HELPERS + "\n\n" + definitions
+        forward, calls = load_module(source, k, "mosaic")
+        launch = {"num_stages": self.stages, "consumer_warpgroups": self.split.consumers}
+        written = Written(source, forward, calls, launch, list(self.notes),
+                          definitions=definitions, backend="mosaic", smem=dict(self.smem))
+        written.copies = self.copies()
+        return written
+
+    def copies(self) -> tuple[dict, dict]:
+        """HBM bytes each array's TMA copies move over the whole grid (reads, writes): a
+        tile loaded once per consumer, a stream's chunks once per step, an output's tile
+        stored once per consumer.  The kernel's copies are these by construction (each
+        written above once per program); napkin.lower.traffic reports them for Mosaic
+        kernels, whose jaxpr it does not walk."""
+        plan, W = self.plan, self.split.consumers
+        programs = int(np.prod(plan.launch_shape))
+        reads, writes = {}, {}
+        for i, ap in enumerate(plan.inputs):
+            if i in self.streamed:
+                sp = self.stream_plan
+                names = [a for a in ap.type.names if a not in ap.squeezed]
+                block = [sp.chunk if a == sp.axis else b for a, b in zip(names, ap.kernel_block)]
+                reads[ap.name] = self.visited() * self.nbytes(block, ap.dtype)
+            else:
+                reads[ap.name] = programs * W * self.nbytes(self.consumer_shape(ap), ap.dtype)
+        for ap in plan.outputs:
+            writes[ap.name] = programs * W * self.nbytes(self.consumer_shape(ap), ap.dtype)
+        return reads, writes
+
+
+def interpret_supported() -> bool:
+    """Whether this jax runs Mosaic GPU kernels in interpret mode on a CPU."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+    return hasattr(plgpu, "InterpretGPUParams") and \
+        "interpret" in inspect.signature(plgpu.kernel).parameters
+
+
+# ------------------------------------------------------------------ reading the export
+def mosaic_module(mlir_text: str) -> str:
+    """The Mosaic GPU module (as MLIR text) inside an exported program's ``mosaic_gpu_v2``
+    custom call: the kernel as it goes to ptxas, with its wgmma, TMA and setmaxnreg."""
+    from jax._src.interpreters import mlir as jmlir
+    from jax._src.lib import mosaic_gpu_dialect
+    from jax._src.lib.mlir import ir, passmanager
+    ctx = jmlir.make_ir_context()
+    mosaic_gpu_dialect.register_dialect(ctx)
+    with ctx:
+        ctx.allow_unregistered_dialects = True
+        outer = ir.Module.parse(mlir_text)
+        blobs = []
+
+        def visit(op):
+            if op.name == "stablehlo.custom_call" and \
+                    ir.StringAttr(op.attributes["call_target_name"]).value == "mosaic_gpu_v2":
+                config = ir.DictAttr(op.attributes["mhlo.backend_config"])
+                blobs.append(ir.StringAttr(config["module"]).value_bytes)
+            return ir.WalkResult.ADVANCE
+        outer.operation.walk(visit)
+        if not blobs:
+            raise NapkinError("the CUDA export holds no Mosaic GPU kernel")
+        texts = []
+        for blob in blobs:
+            inner = ir.Module.parse(blob)
+            passmanager.PassManager.parse(
+                "builtin.module(mosaic_gpu-serde{serialize=false})").run(inner.operation)
+            texts.append(str(inner))
+    return "\n".join(texts)
+
+
+@dataclass(frozen=True)
+class ModuleFacts:
+    """What an exported Mosaic GPU kernel does on the GPU, read from its module."""
+    shared_memory: int        # dynamic shared memory per block, bytes
+    wgmma: int                # wgmma.mma_async instructions
+    tma_loads: int            # cp.async.bulk.tensor global -> shared copies
+    tma_stores: int           # cp.async.bulk.tensor shared -> global copies
+    setmaxnreg: tuple         # the register counts set ("inc 232", "dec 40")
+    threads: int
+
+    @classmethod
+    def read(cls, module: str) -> ModuleFacts:
+        smem = re.findall(r"dynamic_shared_memory_size %c(\d+)_i32", module)
+        threads = re.findall(r"threads\([^)]*\) in \(%\w+ = %c(\d+)", module)
+        return cls(int(smem[0]) if smem else 0,
+                   len(re.findall(r"wgmma\.mma_async", module)),
+                   len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.shared::cta\.global", module))
+                   + len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.shared::cluster\.global",
+                                    module)),
+                   len(re.findall(r"cp\.async\.bulk\.tensor\.(?:\dd\.)?global\.shared", module)),
+                   tuple(re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32 (\d+)", module)),
+                   int(threads[0]) if threads else 0)
+
+
+class MosaicGPU:
+    """The Mosaic GPU backend (see the module doc and ``napkin.lower.backends``)."""
+
+    name = "mosaic"
+    rules = BlockRules("Mosaic GPU", pow2=True, dot_min=16)
+    # pipeline stages of the stream (max_concurrent_steps): the schedule's
+    launch = {"num_stages": 2}
+    loads = frozenset({"load", "get", "copy_gmem_to_smem"})
+    stores = frozenset({"swap", "copy_smem_to_gmem"})
+
+    def check_launch(self, launch: dict) -> None:
+        stages = launch["num_stages"]
+        if isinstance(stages, bool) or not isinstance(stages, int) or stages < 1:
+            raise NapkinError(f"num_stages={stages!r}: the Mosaic GPU backend takes a positive "
+                              f"integer (the stream's max_concurrent_steps)")
+
+    def refusal(self, plan: KernelPlan) -> str:
+        return refusal(plan)
+
+    def write(self, kernel, plan: KernelPlan) -> Written:
+        why = refusal(plan)
+        if why:
+            raise NapkinError(f"{kernel.name}: the Mosaic GPU backend cannot write it: {why}")
+        return _Spelling(kernel, plan, int(kernel.launch["num_stages"])).write()
+
+    def export(self, kernel, structs, device_kind: str = "NVIDIA H100") -> str:
+        """Lower for CUDA on any machine (no GPU needed): the MLIR text holding the
+        ``mosaic_gpu_v2`` custom call (:func:`mosaic_module` reads the kernel inside).
+        Mosaic lays out shared memory here: an over-budget kernel fails on a CPU too."""
+        mesh = jax.sharding.AbstractMesh((1,), ("x",), abstract_device=jax.sharding.AbstractDevice(
+            device_kind=device_kind, num_cores=132, platform="gpu"))
+        checks = [jax.export.DisabledSafetyCheck.custom_call("mosaic_gpu_v2")]
+
+        def f(*xs):
+            return kernel(*xs, interpret=False)
+        try:
+            with jax.sharding.use_abstract_mesh(mesh):
+                exp = jax.export.export(jax.jit(f), platforms=["cuda"],
+                                        disabled_checks=checks)(*structs)
+        except NapkinError:
+            raise
+        except Exception as e:  # Mosaic's own refusal (layouts, shared memory): one line
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise NapkinError(f"{kernel.name}: Mosaic GPU does not lower the kernel: "
+                              f"{first}") from None
+        text = exp.mlir_module()
+        if "mosaic_gpu_v2" not in text:
+            raise NapkinError("the CUDA export holds no Mosaic GPU kernel")
+        return text
+
+
+MOSAIC = BACKEND = MosaicGPU()

@@ -1,0 +1,163 @@
+"""The Mosaic GPU backend, proved on a CPU: every kernel it writes exports for CUDA (Mosaic
+lowers it here, layouts and shared memory included), the exported module holds wgmma, TMA
+copies and setmaxnreg, its shared memory is the schedule's count plus what the backend says
+it adds, and interpret mode matches a float64 reference.  Refusals are one line, and the
+default backend falls back to Triton with the reason."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import napkin
+from napkin.errors import NapkinError
+from napkin.library import get
+from napkin.lower import lower
+from napkin.lower.backends import mosaic_gpu as mg
+from napkin.lower.kernel import export_cuda
+from napkin.schedule.resources import kernels
+
+# (library algorithm, sizes, tiles over the optimiser's): one case per way the backend splits a
+# program's rows over consumer warpgroups, a causal mask, and a matmul streamed over b
+CASES = {
+    "attention": ("attention", {"q": 128, "x": 384, "d": 64}, {"g_q": 64, "s_x": 64}),
+    "causal": ("causal_attention", {"q": 128, "x": 256, "d": 64}, {"g_q": 64, "s_x": 64}),
+    "sliding window": ("sliding_window_attention", {"q": 256, "x": 256, "d": 64},
+                       {"g_q": 64, "s_x": 64}),
+    "mha, 2 consumers of 64 q": ("mha", {"h": 2, "q": 256, "x": 256, "d": 64},
+                                 {"g_h": 1, "g_q": 128, "s_x": 64}),
+    "gqa, 1 query head per consumer": ("gqa", {"k": 2, "r": 2, "q": 64, "x": 256, "d": 64},
+                                       {"g_k": 1, "g_q": 64, "g_r": 2, "s_x": 64}),
+    "matmul streamed over b": ("matmul", {"a": 256, "b": 512, "c": 512},  # (C stored in
+                               {"g_a": 128, "g_c": 256, "s_b": 64}),     # column slices)
+}
+# where the optimiser streams only at scale, the program found there runs at the case's sizes
+SEARCHED_AT = {"matmul streamed over b": {"a": 4096, "b": 4096, "c": 4096}}
+_FOUND: dict = {}
+
+
+def kernel_for(case):
+    """The optimiser's program for the case, lowered with the case's tiles by Mosaic."""
+    if case not in _FOUND:
+        name, sizes, tiles = CASES[case]
+        r = napkin.optimize(name, hardware="h200", sizes=SEARCHED_AT.get(case, sizes),
+                            dtype="bf16")
+        assert any(m.rule == "stream_partition" for m in r.chain), r.chain
+        k = lower(r.program, {**r.tiles, **tiles}, backend="mosaic", dtype="bf16", name=name,
+                  schedule=r.schedule)  # the cost model's (bf16) loop nest
+        shapes = [tuple(sizes[a.name] for a in t.axes) for t in k.in_types]
+        _FOUND[case] = (sizes, k, shapes)
+    return _FOUND[case]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_exports_for_cuda_with_wgmma_tma_and_setmaxnreg(case):
+    sizes, k, shapes = kernel_for(case)
+    spec = k.plan(*shapes)
+    assert spec.written.backend == "mosaic"
+    facts = mg.ModuleFacts.read(mg.mosaic_module(export_cuda(k, shapes, "NVIDIA H200")))
+    consumers = spec.launch["consumer_warpgroups"]
+    assert facts.wgmma > 0 and facts.tma_loads > 0 and facts.tma_stores >= len(spec.plan.outputs)
+    assert facts.threads == 128 * (consumers + 1)  # the consumers and one producer
+    assert set(facts.setmaxnreg) == {("dec", str(mg.PRODUCER_REGISTERS)),
+                                     ("inc", str(mg.consumer_registers(consumers)))}
+    # shared memory: exactly what the backend lays out, whose staged part is the schedule's
+    assert facts.shared_memory == sum(spec.written.smem.values())
+    (kr,) = kernels(k.schedule)
+    env = {**sizes, **{str(t): v for t, v in k.tiles.items()}}
+    from napkin.cost import value_at
+    assert spec.written.smem["staged"] == kr.smem_bytes(lambda e: value_at(e, env),
+                                                        k.launch["num_stages"])
+
+
+@pytest.mark.parametrize("case", ["attention", "causal", "sliding window",
+                                  "gqa, 1 query head per consumer", "matmul streamed over b"])
+def test_interpret_mode_matches_float64_reference(case):
+    if not mg.interpret_supported():
+        pytest.skip("this jax has no Mosaic GPU interpret mode")
+    sizes, k, shapes = kernel_for(case)
+    alg = get(CASES[case][0])
+    xs = alg.sample(np.random.default_rng(7), sizes)
+    want = np.asarray(alg.reference(*xs), np.float64)
+    got = np.asarray(k(*xs, interpret=True), np.float64)
+    assert got.shape == want.shape
+    assert np.max(np.abs(got - want)) <= 2e-2 * np.max(np.abs(want))
+
+
+def test_a_large_output_block_is_stored_in_column_slices():
+    _, k, shapes = kernel_for("matmul streamed over b")
+    src = k.source(*shapes)
+    assert src.count("plgpu.copy_smem_to_gmem(") == 256 // mg.EPILOGUE_COLUMNS
+    assert "wait_smem_to_gmem(1, wait_read_only=True)" in src
+    assert "_mma_into(" in src  # the product accumulates into the state in place
+
+
+def test_kernel_source_is_warp_specialised():
+    _, k, shapes = kernel_for("mha, 2 consumers of 64 q")
+    src = k.source(*shapes)
+    assert "emit_pipeline_warp_specialized" in src and "num_compute_wgs=2" in src
+    assert "_mma_into_registers(" in src  # P·V accumulates into o, P from registers
+    assert "copy_gmem_to_smem" in src and "copy_smem_to_gmem" in src
+
+
+def refusal_of(name, sizes, dtype="bf16", tiles=None, searched_at=None, **launch):
+    r = napkin.optimize(name, hardware="h200", sizes=searched_at or sizes, dtype=dtype)
+    k = lower(r.program, {**r.tiles, **(tiles or {})}, backend="mosaic", dtype=dtype, **launch)
+    shapes = [tuple(sizes[a.name] for a in t.axes) for t in k.in_types]
+    with pytest.raises(NapkinError) as e:
+        k.plan(*shapes)
+    assert "\n" not in str(e.value)
+    return str(e.value)
+
+
+def test_refusals_are_one_line_with_the_reason():
+    assert "bf16 / f16" in refusal_of("attention", {"q": 128, "x": 256, "d": 64}, dtype="f32")
+    assert "not a multiple of its" in refusal_of("attention", {"q": 128, "x": 200, "d": 64})
+    big = {"a": 4096, "b": 4096, "c": 4096}
+    small = {"a": 512, "b": 1024, "c": 512}
+    assert "over Hopper's 232,448 B" in refusal_of(
+        "matmul", small, tiles={"g_a": 128, "g_c": 256, "s_b": 128}, searched_at=big,
+        num_stages=3)
+    assert "needs ~256 registers per thread" in refusal_of(
+        "matmul", small, tiles={"g_a": 256, "g_c": 256, "s_b": 64}, searched_at=big)
+
+
+def test_default_backend_falls_back_to_triton_with_the_reason():
+    r = napkin.optimize("attention", hardware="h200", sizes={"q": 128, "x": 256, "d": 64},
+                        dtype="bf16")
+    k = r.kernel()  # backend="auto"
+    spec = k.plan((128, 64), (256, 64), (256, 64))
+    assert spec.written.backend == "triton"
+    assert any(n.startswith("backend: Triton (Mosaic GPU: no GPU here") for n in spec.notes)
+    with pytest.raises(NapkinError, match="unknown kernel backend"):
+        r.kernel("cuda")
+
+
+@pytest.mark.parametrize("case", ["causal", "sliding window", "mha, 2 consumers of 64 q",
+                                  "matmul streamed over b"])
+def test_hbm_bytes_are_the_triton_kernels(case):
+    """The TMA copies the Mosaic backend counts (tile skipping included) move what the Triton
+    kernel of the same plan loads and stores, counted on its jaxpr."""
+    from napkin.lower import hbm_bytes
+    sizes, k, shapes = kernel_for(case)
+    triton = lower(k.program, k.tiles, backend="triton", dtype="bf16", schedule=k.schedule)
+    assert hbm_bytes(k, shapes) == hbm_bytes(triton, shapes)
+
+
+def test_a_program_of_two_kernels_runs_as_two_mosaic_kernels():
+    """The MLP (gelu(X·W1)·W2, the erf form) found at full scale is two kernels; both are
+    Mosaic's, both export, and the pair matches the float64 reference in interpret mode."""
+    r = napkin.optimize("mlp", hardware="h200", dtype="bf16")
+    k = lower(r.program, {"g_e": 128, "g_n": 128, "g_f": 128, "s_e": 64}, backend="mosaic",
+              dtype="bf16", schedule=r.schedule)
+    sizes = {"n": 128, "d": 64, "e": 256, "f": 128}
+    alg = get("mlp")
+    xs = alg.sample(np.random.default_rng(1), sizes)
+    steps = k.plan(*[x.shape for x in xs]).steps
+    assert [spec.written.backend for _, _, spec in steps] == ["mosaic", "mosaic"]
+    for part, shapes, spec in steps:
+        facts = mg.ModuleFacts.read(mg.mosaic_module(export_cuda(part, shapes, "NVIDIA H200")))
+        assert facts.wgmma > 0 and facts.shared_memory == sum(spec.written.smem.values())
+    if mg.interpret_supported():
+        want = np.asarray(alg.reference(*xs), np.float64)
+        got = np.asarray(k(*xs, interpret=True), np.float64)
+        assert np.max(np.abs(got - want)) <= 2e-2 * np.max(np.abs(want))
