@@ -372,6 +372,20 @@ def _on_gpu() -> bool:
     return jax.devices()[0].platform == "gpu"
 
 
+def written_by(kernel, shapes) -> str:
+    """Which backend wrote each of the kernel's launches, and why not Mosaic where the
+    default chose Triton."""
+    plan = kernel.plan(*shapes)
+    specs = [spec for _, _, spec in plan.steps] if hasattr(plan, "steps") else [plan]
+    names = {"triton": "Triton", "mosaic": "Mosaic GPU"}
+    out = []
+    for spec in specs:
+        why = next((n.split(": ", 1)[1] for n in spec.written.notes if n.startswith("backend: ")),
+                   None)
+        out.append(why or f"{names.get(spec.written.backend, spec.written.backend)}")
+    return "; ".join(dict.fromkeys(out))
+
+
 def run_and_compare(kernel, alg, diagram, sizes, dtype, interpret):
     """Random inputs → kernel and reference; returns (max relative error, seconds).
     The reference runs in float64 inside ``jax.enable_x64``: JAX's global mode is left
@@ -502,6 +516,7 @@ def _run(args) -> int:
         raise NapkinError(f"the derived certificate does not check: {report}")
     k = opt.kernel(args.backend)
     err, wall = run_and_compare(k, source, diagram, sizes, args.dtype, interpret)
+    print(f"kernel: {written_by(k, _shapes(diagram, sizes))}")
     tol = TOL.get(args.dtype, 2e-2)
     model = opt.cost.evaluate({**sizes, **{str(t): v for t, v in k.tiles.items()}})
     level = list(model["transfers_bytes"])[-1]

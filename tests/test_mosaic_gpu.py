@@ -27,6 +27,13 @@ CASES = {
                                  {"g_h": 1, "g_q": 128, "s_x": 64}),
     "gqa, 1 query head per consumer": ("gqa", {"k": 2, "r": 2, "q": 64, "x": 256, "d": 64},
                                        {"g_k": 1, "g_q": 64, "g_r": 2, "s_x": 64}),
+    "alibi, a slope per head read from HBM": ("alibi_attention", {"h": 2, "q": 128, "x": 256,
+                                                                   "d": 64},
+                                              {"g_h": 1, "g_q": 128, "s_x": 64}),
+    "attention sink": ("sink_attention", {"h": 2, "q": 128, "x": 256, "d": 64},
+                       {"g_h": 1, "g_q": 64, "s_x": 64}),
+    "3 consumers (the paper's)": ("attention", {"q": 192, "x": 256, "d": 128},
+                                  {"g_q": 192, "s_x": 64}),
     "matmul streamed over b": ("matmul", {"a": 256, "b": 512, "c": 512},  # (C stored in
                                {"g_a": 128, "g_c": 256, "s_b": 64}),     # column slices)
 }
@@ -70,7 +77,9 @@ def test_exports_for_cuda_with_wgmma_tma_and_setmaxnreg(case):
 
 
 @pytest.mark.parametrize("case", ["attention", "causal", "sliding window",
-                                  "gqa, 1 query head per consumer", "matmul streamed over b"])
+                                  "gqa, 1 query head per consumer", "matmul streamed over b",
+                                  "alibi, a slope per head read from HBM", "attention sink",
+                                  "3 consumers (the paper's)"])
 def test_interpret_mode_matches_float64_reference(case):
     if not mg.interpret_supported():
         pytest.skip("this jax has no Mosaic GPU interpret mode")
@@ -159,5 +168,52 @@ def test_a_program_of_two_kernels_runs_as_two_mosaic_kernels():
         assert facts.wgmma > 0 and facts.shared_memory == sum(spec.written.smem.values())
     if mg.interpret_supported():
         want = np.asarray(alg.reference(*xs), np.float64)
+        got = np.asarray(k(*xs, interpret=True), np.float64)
+        assert np.max(np.abs(got - want)) <= 2e-2 * np.max(np.abs(want))
+
+
+def test_cli_runs_and_lowers_with_the_mosaic_backend(capsys):
+    from napkin import cli
+    rc = cli.main(["run", "causal_attention", "--dtype", "bf16", "--backend", "mosaic"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert "kernel: Mosaic GPU" in out and "max relative error" in out
+    rc = cli.main(["lower", "attention", "--dtype", "bf16", "--backend", "mosaic"])
+    out, err = capsys.readouterr()
+    assert rc == 0 and "Pallas kernel (Mosaic GPU backend)" in out
+    assert "emit_pipeline_warp_specialized" in out
+    rc = cli.main(["run", "attention", "--backend", "mosaic"])  # f32: refused, one line
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert rc != 0 and len(lines) == 1 and "bf16 / f16" in lines[0]
+
+
+def test_fp8_queries_and_keys_with_bf16_values():
+    """The paper's configuration: Q and K in FP8 (e4m3), V in bf16, declared on the diagram
+    (lower precision is the user's choice); QK^T runs as an FP8 wgmma, P·V as a bf16 one."""
+    q, x, d = napkin.axes("q x d")
+
+    @napkin.algorithm(Q=napkin.Array(q, d, dtype="fp8"), K=napkin.Array(x, d, dtype="fp8"),
+                      V=napkin.Array(x, d, dtype="bf16"))
+    def attention_fp8(Q, K, V):
+        from napkin import ops
+        S = ops.scale(ops.contract(Q, K, out=(q, x)), 1 / np.sqrt(64))
+        return ops.contract(ops.softmax(S, x), V, out=(q, d))
+
+    r = napkin.optimize(attention_fp8, hardware="h200", sizes={"q": 4096, "x": 4096, "d": 64},
+                        dtype=None)
+    k = lower(r.program, {**r.tiles, "g_q": 128, "s_x": 64}, backend="mosaic",
+              schedule=r.schedule)
+    shapes = [(128, 64), (256, 64), (256, 64)]
+    facts = mg.ModuleFacts.read(mg.mosaic_module(export_cuda(k, shapes, "NVIDIA H200")))
+    kinds = " ".join(facts.wgmma_kinds)
+    assert "e4m3.e4m3" in kinds and "bf16.bf16" in kinds, kinds
+    if mg.interpret_supported():
+        import jax.numpy as jnp
+        rng = np.random.default_rng(3)
+        xs = [jnp.asarray(rng.standard_normal(s), dt) for s, dt in
+              zip(shapes, (jnp.float8_e4m3fn, jnp.float8_e4m3fn, jnp.bfloat16))]
+        want = get("attention").reference(*[np.asarray(v.astype(jnp.float32), np.float64)
+                                             for v in xs])
         got = np.asarray(k(*xs, interpret=True), np.float64)
         assert np.max(np.abs(got - want)) <= 2e-2 * np.max(np.abs(want))

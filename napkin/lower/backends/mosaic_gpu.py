@@ -54,7 +54,7 @@ import sympy
 from napkin.arrays import array_types
 from napkin.errors import NapkinError
 from napkin.lower.backends import Written, load_module
-from napkin.lower.emit import LOW_PRECISION, Recorder, Var, Writer, dtype_name
+from napkin.lower.emit import _NAME, LOW_PRECISION, Recorder, Var, Writer, dtype_name
 from napkin.ir import to_graph
 from napkin.lower.plan import BlockRules, KernelPlan, loop_boxes
 from napkin.primitives import EvalContext
@@ -72,6 +72,7 @@ REGISTERS_PER_SM = 65536    # 32-bit registers (Hopper)
 PRODUCER_REGISTERS = 40     # what the TMA-issuing warpgroup keeps (FA3, JAX's examples)
 MAX_CONSUMERS = 3           # the paper's derivation: at most 3 consumer warpgroups fit
 I32 = jax.ShapeDtypeStruct((), jnp.int32)
+FP8 = np.dtype(jnp.float8_e4m3fn)
 
 
 def consumer_registers(consumers: int, producer: bool = True) -> int:
@@ -107,12 +108,11 @@ def split_rows(plan: KernelPlan) -> Split | str:
     leading = {ap.names[0] for ap in plan.outputs if ap.names}
     grid.sort(key=lambda g: g.axis not in leading)
     split = Split(None, None, 1)
-    for g in grid:  # a tile of 128 or more rows: slices of 64 (or more) per warpgroup
-        if g.tile % (2 * ROWS) == 0:
-            w = g.tile // ROWS
-            while w > MAX_CONSUMERS:
-                w //= 2
-            return Split("slice", g.axis, w, g.tile // w)
+    for g in grid:  # a tile of 128 or more rows: W slices of a multiple of 64 each, the
+        if g.tile % ROWS == 0 and g.tile >= 2 * ROWS:  # most consumers that divide it
+            w = max(w for w in range(1, MAX_CONSUMERS + 1) if (g.tile // ROWS) % w == 0)
+            if w > 1:
+                return Split("slice", g.axis, w, g.tile // w)
     for g in grid:  # a few indices (query heads of one KV head): one per warpgroup
         if 2 <= g.tile <= MAX_CONSUMERS and not unweavable(plan.body, g.axis):
             split = Split("index", g.axis, g.tile)
@@ -134,9 +134,9 @@ def refusal(plan: KernelPlan) -> str:
     """Why this backend cannot write ``plan`` ("" when it can): the module doc's list."""
     for ap in plan.inputs + plan.outputs:
         dt = np.dtype(ap.dtype)
-        if jnp.issubdtype(dt, jnp.floating) and dt not in LOW_PRECISION[:2]:
+        if jnp.issubdtype(dt, jnp.floating) and dt not in LOW_PRECISION:
             return (f"{ap.name} is {dt.name}: the Mosaic GPU backend writes bf16 / f16 kernels "
-                    f"(wgmma); use dtype='bf16'")
+                    f"(wgmma; FP8 e4m3 inputs too): run it at dtype bf16")
         if not jnp.issubdtype(dt, jnp.floating):
             return f"{ap.name} is {dt.name}: the Mosaic GPU backend takes floating arrays only"
     if plan.padded:
@@ -157,7 +157,7 @@ def refusal(plan: KernelPlan) -> str:
     for ap in plan.inputs + plan.outputs:
         names = [a for a in ap.type.names if a not in ap.squeezed]
         if not names:
-            return f"{ap.name} is one value per program (TMA copies arrays of 16 B rows or more)"
+            continue  # one value per program (a head's slope, a sink logit): read from HBM
         block = [chunks.get(a, n) for a, n in zip(names, ap.kernel_block)]
         if max(block) > TMA_BOX:
             a = names[block.index(max(block))]
@@ -205,7 +205,7 @@ class MosaicWriter(Writer):
 
     def __init__(self, namespace=None):
         super().__init__(namespace)
-        self.shapes = set()  # every array shape the kernel computes (register estimate)
+        self.sizes = {}  # line -> values of the array it computes (the register estimate)
 
     def let(self, expr, *args, name=None, aval=None, comment=None):
         if aval is None:
@@ -219,8 +219,20 @@ class MosaicWriter(Writer):
                 out.expanded = (src, dims)
                 return out
             args = tuple(self.broadcast(a, shape) for a in args)
-        self.shapes.add(tuple(getattr(aval, "shape", ())))
-        return super().let(expr, *args, name=name, aval=aval, comment=comment)
+        var = super().let(expr, *args, name=name, aval=aval, comment=comment)
+        shape = tuple(getattr(aval, "shape", ()))
+        self.sizes[var.line] = (math.prod(shape), shape)
+        return var
+
+    def live_indices(self) -> set:
+        """The lines :meth:`live_lines` keeps."""
+        kept, read = set(), set()
+        for i in range(len(self.lines) - 1, -1, -1):
+            if i in self.values and self.values[i] not in read:
+                continue
+            read.update(_NAME.findall(self.lines[i]))
+            kept.add(i)
+        return kept
 
     def on_sources(self, expr, args, shape):
         """An elementwise op whose array operands are all unit-axis expansions of arrays of
@@ -293,8 +305,13 @@ class MosaicRecorder(Recorder):
     def _dot(self, la, a, lb, b, out, batch, fa, fb, contracted, sizes, dt):
         """One wgmma: A (M x K) from shared memory or registers, B (K x N) from shared
         memory, both as stored or transposed; the result in an f32 accumulator."""
-        if dt not in LOW_PRECISION[:2]:
-            raise NapkinError(f"a {np.dtype(dt).name} matrix product: wgmma runs bf16 / f16 here")
+        if dt not in LOW_PRECISION:
+            raise NapkinError(f"a {np.dtype(dt).name} matrix product: wgmma runs bf16 / f16 / "
+                              f"FP8 e4m3 here")
+        if dt == FP8 and not (isinstance(a, SmemRef) and isinstance(b, SmemRef)
+                              and a.dtype == b.dtype == FP8):
+            raise NapkinError(f"contraction {la},{lb}->{out}: an FP8 wgmma takes both operands "
+                              f"FP8 from shared memory")
         if batch or len(la) != 2 or len(lb) != 2 or len(fa) != 1 or len(fb) != 1:
             raise NapkinError(f"contraction {la},{lb}->{out}: wgmma takes one 2-D product "
                               f"(no batch axes)")
@@ -395,7 +412,12 @@ class _Spelling:
         # the plan's StreamPlan (keyed by the plan's own stream box, before any unweave)
         self.stream_plan = next((plan.streams[id(b.spec)] for b in loop_boxes(plan.body)), None)
         self.streamed = {i for i, a in enumerate(plan.inputs) if a.streamed}
-        self.fixed = [i for i in range(len(plan.inputs)) if i not in self.streamed]
+        # inputs loaded once: by TMA into shared memory, or — one value per program (a
+        # head's ALiBi slope, a sink logit: TMA copies rows of 16 B) — read from HBM
+        self.scalars = {i for i, a in enumerate(plan.inputs)
+                        if i not in self.streamed and not a.kernel_block}
+        self.fixed = [i for i in range(len(plan.inputs))
+                      if i not in self.streamed and i not in self.scalars]
         self.notes = [f"rows: {split.describe()}"]
         # what the kernel allocates in shared memory, bytes by purpose: "staged" is what the
         # schedule counts (tiles loaded once, a chunk per stage); Mosaic aligns every buffer
@@ -513,12 +535,15 @@ class _Spelling:
                 chunk_args.append(next(it_k))
         offsets = dict(ctx.offsets)
         offsets[ax] = start
+        first = len(w.lines)
         new = self.run(spec.update, EvalContext(env, offsets, self.xp), st_in + chunk_args)
         outs = []
         for var, init in zip(new, state):
             if var.dtype != init.dtype:
                 var = w.let(f"{{0}}.astype({dtype_name(init.dtype)})", var)
             outs.append(var)
+        # the step's temporaries, less the new state (updated in place): the register estimate
+        self.step_lines = (first, len(w.lines), {getattr(v, "line", -1) for v in outs})
         back = [v.name for v in outs + kept]
         w.line(f"return ({', '.join(back)}{',' if len(back) == 1 else ''})")
         w.dedent()
@@ -646,6 +671,9 @@ class _Spelling:
                 ref = w.reserve(f"{ap.name}_chunk")
                 self.chunk_refs[ref] = (ref, ap)
                 wires.append(SmemRef(w, ref, aval))
+            elif i in self.scalars:
+                at = ", ".join(str(self.starts[a]) for a in ap.type.names)
+                wires.append(w.let(f"{self.gmem[i]}[{at}]", name=ap.name, aval=aval))
             else:
                 view = w.reserve(f"{ap.name}_wg")
                 w.line(f"{view} = {self.fixed_smem[i]}.at[wg]")
@@ -775,9 +803,17 @@ class _Spelling:
             return
         W = self.split.consumers
         avals = self.state_avals()
-        others = [math.prod(sh) for sh in self.w.shapes if sh not in {a.shape for a in avals}]
-        need = int((sum(math.prod(v.shape) for v in avals) + 2 * max(others, default=0))
-                   / THREADS)
+        state = {a.shape for a in avals}
+        first, last, state_lines = self.step_lines
+        live = self.w.live_indices()
+        temps = [(n, shape) for line, (n, shape) in self.w.sizes.items()
+                 if first <= line < last and line not in state_lines and line in live]
+        # a temporary of a state's shape (the rescaled accumulator) is updated in place; a
+        # tile of another shape (scores, probabilities) lives beside the state, with its
+        # predecessor while it is computed
+        peak = max([n for n, sh in temps if sh in state] +
+                   [2 * n for n, sh in temps if sh not in state], default=0)
+        need = int((sum(math.prod(v.shape) for v in avals) + peak) / THREADS)
         have = consumer_registers(W)
         self.notes.append(f"registers per consumer thread: ~{need} of {have} (setmaxnreg)")
         if need > have:
@@ -913,8 +949,9 @@ class ModuleFacts:
     wgmma: int                # wgmma.mma_async instructions
     tma_loads: int            # cp.async.bulk.tensor global -> shared copies
     tma_stores: int           # cp.async.bulk.tensor shared -> global copies
-    setmaxnreg: tuple         # the register counts set ("inc 232", "dec 40")
+    setmaxnreg: tuple         # the register counts set (("dec", "40"), ("inc", "232"))
     threads: int
+    wgmma_kinds: tuple = ()   # the distinct wgmma instructions (shape and operand types)
 
     @classmethod
     def read(cls, module: str) -> ModuleFacts:
@@ -927,14 +964,18 @@ class ModuleFacts:
                                     module)),
                    len(re.findall(r"cp\.async\.bulk\.tensor\.(?:\dd\.)?global\.shared", module)),
                    tuple(re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32 (\d+)", module)),
-                   int(threads[0]) if threads else 0)
+                   int(threads[0]) if threads else 0,
+                   tuple(sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.([\w.]+)",
+                                               module)))))
 
 
 class MosaicGPU:
     """The Mosaic GPU backend (see the module doc and ``napkin.lower.backends``)."""
 
     name = "mosaic"
-    rules = BlockRules("Mosaic GPU", pow2=True, dot_min=16)
+    # TMA boxes and wgmma take any multiple of their granules: no powers of two (192 query
+    # rows are the paper's 3 consumer warpgroups); refusal() checks the rest
+    rules = BlockRules("Mosaic GPU", pow2=False, dot_min=16)
     # pipeline stages of the stream (max_concurrent_steps): the schedule's
     launch = {"num_stages": 2}
     loads = frozenset({"load", "get", "copy_gmem_to_smem"})
