@@ -1,6 +1,9 @@
-"""GPU benchmark: napkin's generated kernels against jax.nn.dot_product_attention (xla,
-cudnn), JAX's bundled Pallas `mha` and jnp.dot, at shapes that fill the chip, plus a tile
-sweep that sets the launch model's time beside the measured one.
+"""GPU benchmark: napkin's generated kernels (backend auto, and Triton and Mosaic GPU each)
+against jax.nn.dot_product_attention (xla, cudnn), JAX's bundled Pallas `mha` and jnp.dot, at
+shapes that fill the chip; FP8 Q/K attention against its own bf16; a tile sweep that sets the
+launch model's time beside the measured one; and the paper's hypothesis: a sweep of the query
+rows per block (w_q = 64, 128, 192, 256 on Mosaic's consumer warpgroups) against the Hopper
+derivation's roofline (compute-bound only from 206 rows on an H200).
 
     python benchmarks/gpu.py              # on a GPU machine: everything, within --budget s
     python benchmarks/gpu.py --cpu-smoke  # tiny sizes in interpret mode (CI keeps it working)
@@ -70,7 +73,7 @@ def at_tiles(opt, tiles):
     return t.time_s, {k: t.launch[0][k] for k in ("num_warps", "num_stages")}
 
 
-def attention_kernel(heads, S, D, causal, hw, dtype, interpret, tiles=None):
+def attention_kernel(heads, S, D, causal, hw, dtype, interpret, tiles=None, backend="auto"):
     """napkin's attention over ``heads`` heads: tiles and launch from the multi-head search
     (the model sees the whole grid), the single-head kernel vmapped over the heads."""
     opt = searched("mha", hw, (("h", heads), ("q", S), ("x", S), ("d", D)), dtype)
@@ -80,7 +83,8 @@ def attention_kernel(heads, S, D, causal, hw, dtype, interpret, tiles=None):
         else at_tiles(opt, tiles)
     chosen = {t: v for t, v in {**opt.tiles, **(tiles or {})}.items() if t in single.tiles}
     run = dataclasses.replace(single, tiles={**single.tiles, **chosen}, launch=launch)
-    return jax.jit(jax.vmap(run.kernel(interpret=interpret))), model, {**run.tiles, **launch}
+    return (jax.jit(jax.vmap(run.kernel(backend, interpret=interpret))), model,
+            {**run.tiles, **launch})
 
 
 def attention_cases(smoke):
@@ -99,11 +103,14 @@ def bench_attention(case, a, clock, rows):
     Q, K, V = (jnp.asarray(rng.standard_normal((heads, S, D)), a.dt) for _ in range(3))
     ref = jax.vmap(get("causal_attention" if causal else "attention").reference)(
         *(x[:2].astype(jnp.float32) for x in (Q, K, V)))
-    out = k(Q, K, V)[:2].astype(jnp.float32)
-    err = float(jnp.max(jnp.abs(out - ref)) / jnp.max(jnp.abs(ref)))
+    err = lambda f: rel_err(f(Q, K, V)[:2], ref)  # noqa: E731
     flops = 4 * heads * S * S * D / (2 if causal else 1)
     impls = {"napkin": k}
     if not a.smoke:
+        for backend in ("triton", "mosaic"):
+            impls[f"napkin-{backend}"] = attention_kernel(heads, S, D, causal, a.hardware,
+                                                          a.dtype, a.interpret,
+                                                          backend=backend)[0]
         bshd = lambda x: x.reshape(B, H, S, D).transpose(0, 2, 1, 3)  # noqa: E731
         for impl in ("xla", "cudnn"):
             impls[f"dpa-{impl}"] = jax.jit(lambda q, k_, v, impl=impl: jax.nn.dot_product_attention(
@@ -117,26 +124,35 @@ def bench_attention(case, a, clock, rows):
     measure(label, impls, (Q, K, V), flops, err, modelled, tiles, a, clock, rows)
 
 
+def rel_err(out, ref) -> float:
+    out = jnp.asarray(out, jnp.float32)
+    return float(jnp.max(jnp.abs(out - ref)) / jnp.max(jnp.abs(ref)))
+
+
 def measure(label, impls, args, flops, err, modelled, tiles, a, clock, rows):
+    """One row per implementation; every napkin kernel's error is checked (``err``: a float,
+    or a function of the implementation), the auto one's time set beside the model's."""
     for impl, f in impls.items():
         row = {"case": label, "impl": impl}
         try:
             t = timeit(f, *args, cap_s=clock.cap, reps=1 if a.smoke else 20)
             row.update(ms=t * 1e3, tflops=flops / t / 1e12)
+            if impl.startswith("napkin"):
+                row.update(max_err=err(f) if callable(err) else err)
             if impl == "napkin":
-                row.update(max_err=err, model_ms=modelled * 1e3, measured_over_model=t / modelled,
+                row.update(model_ms=modelled * 1e3, measured_over_model=t / modelled,
                            tiles=tiles)
         except Exception as e:  # noqa: BLE001 - one failure must not lose the table
             row.update(failed=f"{type(e).__name__}: {str(e)[:120]}")
         rows.append(row)
 
 
-def matmul_kernel(n, hw, dtype, interpret, tiles=None):
+def matmul_kernel(n, hw, dtype, interpret, tiles=None, backend="auto"):
     opt = searched("matmul", hw, (("a", n), ("b", n), ("c", n)), dtype)
     model, launch = (opt.search.best.tiles.time_s, opt.launch) if tiles is None \
         else at_tiles(opt, tiles)
     run = dataclasses.replace(opt, tiles={**opt.tiles, **(tiles or {})}, launch=launch)
-    return run.kernel(interpret=interpret), model, {**run.tiles, **launch}
+    return run.kernel(backend, interpret=interpret), model, {**run.tiles, **launch}
 
 
 def bench_matmul(n, a, clock, rows):
@@ -144,9 +160,12 @@ def bench_matmul(n, a, clock, rows):
     rng = np.random.default_rng(1)
     A, B = (jnp.asarray(rng.standard_normal((n, n)), a.dt) for _ in range(2))
     ref = A.astype(jnp.float32) @ B.astype(jnp.float32)
-    err = float(jnp.max(jnp.abs(k(A, B).astype(jnp.float32) - ref)) / jnp.max(jnp.abs(ref)))
+    err = lambda f: rel_err(f(A, B), ref)  # noqa: E731
     impls = {"napkin": k}
     if not a.smoke:
+        for backend in ("triton", "mosaic"):
+            impls[f"napkin-{backend}"] = matmul_kernel(n, a.hardware, a.dtype, a.interpret,
+                                                       backend=backend)[0]
         impls["jnp.dot"] = jax.jit(jnp.dot)
     measure(f"matmul {n}^3", impls, (A, B), 2 * n ** 3, err, modelled, tiles, a, clock, rows)
 
@@ -163,6 +182,72 @@ def bench_gqa(a, clock, rows):
     flops = 4 * sizes["k"] * sizes["r"] * sizes["q"] * sizes["x"] * sizes["d"]
     measure(f"gqa {sizes['k'] * sizes['r']}:{sizes['k']}", {"napkin": k}, xs, flops, err,
             opt.search.best.tiles.time_s, {**opt.tiles, **opt.launch}, a, clock, rows)
+
+
+def mosaic_attention(heads, S, D, g_q, s_x, hw, dtypes=("bf16", "bf16", "bf16")):
+    """Mosaic GPU attention over ``heads`` heads (the multi-head program, heads on the grid) at
+    g_q query rows per block and chunks of s_x; ``dtypes``: Q, K, V as declared (FP8 Q/K is
+    the paper's configuration)."""
+    import napkin
+    from napkin import ops
+    from napkin.lower import lower
+    h, q, x, d = napkin.axes("h q x d")
+
+    @napkin.algorithm(Q=napkin.Array(h, q, d, dtype=dtypes[0]),
+                      K=napkin.Array(h, x, d, dtype=dtypes[1]),
+                      V=napkin.Array(h, x, d, dtype=dtypes[2]))
+    def mha_typed(Q, K, V):
+        s_ = ops.scale(ops.contract(Q, K, out=(h, q, x)), D ** -0.5)
+        return ops.contract(ops.softmax(s_, x), V, out=(h, q, d))
+    r = optimize(mha_typed, hw, {"h": heads, "q": S, "x": S, "d": D}, None, max_states=300)
+    tiles = {t: (g_q if t == "g_q" else s_x if t == "s_x" else 1 if t == "g_h" else v)
+             for t, v in r.tiles.items()}
+    return lower(r.program, tiles, backend="mosaic", schedule=r.schedule), tiles  # (jitted)
+
+
+def sweep_rows(a, clock) -> list:
+    """The paper's hypothesis on Mosaic's warp-specialised kernel: measured TFLOP/s against
+    the Hopper derivation's min(compute roof, HBM roof) over the query rows per block."""
+    from napkin.hopper import hopper_attention_config
+    heads, S, D = (1, 128, 64) if a.smoke else (32, 8192, 128)
+    cfg = hopper_attention_config(a.hardware, w_q=64, s_x=64, d=D,
+                                  dtypes={"Q": "bf16", "K": "bf16", "V": "bf16"})
+    out = []
+    for g_q in ((128,) if a.smoke else (64, 128, 192, 256)):
+        row = {"kind": "rows", "g_q": g_q, "model_tflops": cfg.expected_flops_per_s(g_q) / 1e12,
+               "compute_bound_from": cfg.compute_bound_g_q}
+        if clock.left() <= clock.cap:
+            out.append({**row, "skipped": "budget"})
+            continue
+        try:
+            k, tiles = mosaic_attention(heads, S, D, g_q, 64, a.hardware)
+            args = [jnp.ones((heads, S, D), jnp.bfloat16)] * 3
+            interp = {"interpret": True} if a.smoke else {}
+            t = timeit(lambda *xs: k(*xs, **interp), *args, cap_s=clock.cap,
+                       reps=1 if a.smoke else 10)
+            out.append({**row, "tiles": tiles, "ms": t * 1e3,
+                        "tflops": 4 * heads * S * S * D / t / 1e12})
+        except Exception as e:  # noqa: BLE001 - a refused tiling is data too
+            out.append({**row, "failed": f"{type(e).__name__}: {str(e)[:160]}"})
+    return out
+
+
+def bench_fp8(a, clock, rows):
+    """FP8 (e4m3) Q and K with bf16 V against the same kernel in bf16 (target: >= 1.3x)."""
+    heads, S, D = (1, 128, 64) if a.smoke else (32, 8192, 128)
+    flops = 4 * heads * S * S * D
+    rng = np.random.default_rng(4)
+    xs = [rng.standard_normal((heads, S, D)) for _ in range(3)]
+    for label, dts in (("bf16", ("bf16",) * 3), ("fp8 Q/K", ("fp8", "fp8", "bf16"))):
+        k, tiles = mosaic_attention(heads, S, D, 128, 64, a.hardware, dts)
+        jdt = {"bf16": jnp.bfloat16, "fp8": jnp.float8_e4m3fn}
+        args = [jnp.asarray(x, jdt[t]) for x, t in zip(xs, dts)]
+        # the reference of the inputs as stored (FP8 rounds Q and K by up to 6 %)
+        ref = jax.vmap(get("attention").reference)(*(x[:2].astype(jnp.float32) for x in args))
+        call = (lambda *v: k(*v, interpret=True)) if a.smoke else k
+        err = rel_err(call(*args)[:2], ref)
+        measure(f"attention {label} H={heads} S={S} D={D} (mosaic)", {"napkin-mosaic": call},
+                args, flops, err, float("nan"), tiles, a, clock, rows)
 
 
 def sweep(a, clock) -> list:
@@ -217,7 +302,7 @@ def main(argv=None):
             for n in ((64,) if a.smoke else (4096, 8192))]
     runs += [(str(case), lambda case=case: bench_attention(case, a, clock, rows))
              for case in attention_cases(a.smoke)]
-    runs += [("gqa", lambda: bench_gqa(a, clock, rows))]
+    runs += [("gqa", lambda: bench_gqa(a, clock, rows)), ("fp8", lambda: bench_fp8(a, clock, rows))]
     for label, run in runs:  # each case on its own: one failure must not lose the others
         if clock.left() <= 0:
             skipped.append(label)
@@ -230,7 +315,7 @@ def main(argv=None):
             print(f"  case failed: {label}: {type(e).__name__}: {str(e)[:300]}", flush=True)
         for r in rows[done:]:
             print("  " + json.dumps(r), flush=True)
-    points = [] if a.no_sweep else sweep(a, clock)
+    points = [] if a.no_sweep else sweep(a, clock) + sweep_rows(a, clock)
     head = ("case", "impl", "max err", "ms", "TFLOP/s", "model ms", "meas/model", "tiles, launch")
     table = [(r["case"], r["impl"], f"{r['max_err']:.1e}" if "max_err" in r else "",
               f"{r['ms']:.3f}" if "ms" in r else r.get("failed", ""),
@@ -241,6 +326,13 @@ def main(argv=None):
     widths = [max(len(str(r[i])) for r in [head, *table]) for i in range(len(head))]
     for r in [head, *table]:
         print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)))
+    for p_ in points:
+        if p_.get("kind") == "rows":
+            print(f"rows per block {p_['g_q']}: measured "
+                  + (f"{p_['tflops']:.1f}" if "tflops" in p_ else p_.get("failed", p_.get(
+                      "skipped", "?")))
+                  + f" TFLOP/s; the Hopper derivation's roofline {p_['model_tflops']:.0f} "
+                  f"(compute-bound from {p_['compute_bound_from']:.0f} rows)")
     if skipped:
         print(f"skipped (budget {a.budget:g} s spent): {', '.join(skipped)}")
     if not a.smoke:
@@ -252,7 +344,7 @@ def main(argv=None):
                                     "rows": rows, "sweep": points, "skipped": skipped},
                                    indent=1, default=str))
         print(f"wrote {path}")
-    bad = [r for r in rows if r["impl"] == "napkin" and r.get("max_err", 0) > 2e-2]
+    bad = [r for r in rows if r["impl"].startswith("napkin") and r.get("max_err", 0) > 2e-2]
     return 1 if bad or failed else 0
 
 
