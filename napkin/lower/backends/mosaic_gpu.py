@@ -919,6 +919,7 @@ def mosaic_module(mlir_text: str) -> str:
     from jax._src.lib.mlir import ir, passmanager
     ctx = jmlir.make_ir_context()
     mosaic_gpu_dialect.register_dialect(ctx)
+    ctx.load_all_available_dialects()  # (gpu, nvvm, llvm: jax 0.11 loads them lazily)
     with ctx:
         ctx.allow_unregistered_dialects = True
         outer = ir.Module.parse(mlir_text)
@@ -935,7 +936,13 @@ def mosaic_module(mlir_text: str) -> str:
             raise NapkinError("the CUDA export holds no Mosaic GPU kernel")
         texts = []
         for blob in blobs:
-            inner = ir.Module.parse(blob)
+            try:
+                inner = ir.Module.parse(blob)
+            except ir.MLIRError as e:  # jaxlib 0.11's bindings do not read their own gpu attrs
+                import jaxlib
+                raise NapkinError(f"cannot read the Mosaic GPU module with jaxlib "
+                                  f"{jaxlib.__version__} ({str(e).splitlines()[1].strip()}); "
+                                  f"jaxlib 0.12 reads it") from None
             passmanager.PassManager.parse(
                 "builtin.module(mosaic_gpu-serde{serialize=false})").run(inner.operation)
             texts.append(str(inner))
@@ -959,10 +966,11 @@ class ModuleFacts:
         threads = re.findall(r"threads\([^)]*\) in \(%\w+ = %c(\d+)", module)
         return cls(int(smem[0]) if smem else 0,
                    len(re.findall(r"wgmma\.mma_async", module)),
-                   len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.shared::cta\.global", module))
-                   + len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.shared::cluster\.global",
-                                    module)),
-                   len(re.findall(r"cp\.async\.bulk\.tensor\.(?:\dd\.)?global\.shared", module)),
+                   # TMA: tensor copies (cp.async.bulk.tensor.Nd) and 1-D bulk copies
+                   len(re.findall(r"cp\.async\.bulk\.(?:tensor\.\dd\.)?shared::(?:cta|cluster)"
+                                  r"\.global", module)),
+                   len(re.findall(r"cp\.async\.bulk\.(?:tensor\.(?:\dd\.)?)?global\.shared",
+                                  module)),
                    tuple(re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32 (\d+)", module)),
                    int(threads[0]) if threads else 0,
                    tuple(sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.([\w.]+)",
