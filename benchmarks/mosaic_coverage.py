@@ -16,7 +16,7 @@ import napkin
 from napkin.arrays import array_types
 from napkin.errors import NapkinError
 from napkin.library import LIBRARY
-from napkin.lower.backends import mosaic_gpu as mg
+from napkin.lower.mosaic_module import ModuleFacts, mosaic_module
 from napkin.lower.kernel import export_cuda
 
 
@@ -36,7 +36,7 @@ def check(name: str) -> str:
         except NapkinError as e:
             lines.append(f"refuses: {str(e).split('does not lower the kernel: ', 1)[-1]}")
             continue
-        facts = mg.ModuleFacts.read(mg.mosaic_module(text))
+        facts = ModuleFacts.read(mosaic_module(text))
         exact = "=" if facts.shared_memory == sum(spec.written.smem.values()) else "!="
         lines.append(f"writes it ({spec.written.notes[0].split(': ', 1)[1]}): smem "
                      f"{facts.shared_memory:,} B ({exact} counted), {facts.wgmma} wgmma, "

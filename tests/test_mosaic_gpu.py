@@ -13,6 +13,7 @@ from napkin.errors import NapkinError
 from napkin.library import get
 from napkin.lower import lower
 from napkin.lower.backends import mosaic_gpu as mg
+from napkin.lower.mosaic_module import ModuleFacts, mosaic_module
 from napkin.lower.kernel import export_cuda
 from napkin.schedule.resources import kernels
 
@@ -32,6 +33,8 @@ CASES = {
                                               {"g_h": 1, "g_q": 128, "s_x": 64}),
     "attention sink": ("sink_attention", {"h": 2, "q": 128, "x": 256, "d": 64},
                        {"g_h": 1, "g_q": 64, "s_x": 64}),
+    "head dim 96 (no padding)": ("attention", {"q": 128, "x": 256, "d": 96},
+                                 {"g_q": 64, "s_x": 64}),
     "3 consumers (the paper's)": ("attention", {"q": 192, "x": 256, "d": 128},
                                   {"g_q": 192, "s_x": 64}),
     "matmul streamed over b": ("matmul", {"a": 256, "b": 512, "c": 512},  # (C stored in
@@ -42,11 +45,11 @@ SEARCHED_AT = {"matmul streamed over b": {"a": 4096, "b": 4096, "c": 4096}}
 _FOUND: dict = {}
 
 
-def facts_of(k, shapes) -> mg.ModuleFacts:
+def facts_of(k, shapes) -> ModuleFacts:
     """Export for an H200 on this machine and read the Mosaic module inside."""
     text = export_cuda(k, shapes, "NVIDIA H200")
     try:
-        return mg.ModuleFacts.read(mg.mosaic_module(text))
+        return ModuleFacts.read(mosaic_module(text))
     except NapkinError as e:
         if "cannot read the Mosaic GPU module" in str(e):
             pytest.skip(str(e))  # the export itself succeeded
@@ -90,7 +93,7 @@ def test_exports_for_cuda_with_wgmma_tma_and_setmaxnreg(case):
 @pytest.mark.parametrize("case", ["attention", "causal", "sliding window",
                                   "gqa, 1 query head per consumer", "matmul streamed over b",
                                   "alibi, a slope per head read from HBM", "attention sink",
-                                  "3 consumers (the paper's)"])
+                                  "3 consumers (the paper's)", "head dim 96 (no padding)"])
 def test_interpret_mode_matches_float64_reference(case):
     if not mg.interpret_supported():
         pytest.skip("this jax has no Mosaic GPU interpret mode")
@@ -132,6 +135,8 @@ def refusal_of(name, sizes, dtype="bf16", tiles=None, searched_at=None, **launch
 def test_refusals_are_one_line_with_the_reason():
     assert "bf16 / f16" in refusal_of("attention", {"q": 128, "x": 256, "d": 64}, dtype="f32")
     assert "not a multiple of its" in refusal_of("attention", {"q": 128, "x": 200, "d": 64})
+    assert "swizzled in rows of 32, 64 or 128 B" in refusal_of(
+        "attention", {"q": 128, "x": 256, "d": 40}, tiles={"g_q": 64, "s_x": 64})
     big = {"a": 4096, "b": 4096, "c": 4096}
     small = {"a": 512, "b": 1024, "c": 512}
     assert "over Hopper's 232,448 B" in refusal_of(
@@ -249,3 +254,28 @@ def test_every_library_kernel_it_accepts_exports(name):
         facts = facts_of(part, part_shapes)
         assert facts.shared_memory == sum(spec.written.smem.values()) <= mg.SMEM_LIMIT
         assert facts.tma_stores >= len(spec.plan.outputs)
+
+
+def test_auto_on_hopper_writes_mosaic_or_falls_back_when_mosaic_cannot_lower(monkeypatch):
+    """On a Hopper GPU (simulated: an H200 abstract mesh) the default backend writes Mosaic GPU,
+    lowering each kernel at once; a kernel Mosaic refuses only while lowering (here: shared
+    memory, with the backend's own count switched off) falls back to Triton, with Mosaic's
+    reason, instead of failing at the first call."""
+    import jax
+    from napkin.lower.backends import auto
+    monkeypatch.setattr(auto, "hopper_here", lambda: "")
+    mesh = jax.sharding.AbstractMesh((1,), ("x",), abstract_device=jax.sharding.AbstractDevice(
+        device_kind="NVIDIA H200", num_cores=132, platform="gpu"))
+    _, k, shapes = kernel_for("attention")
+    big = napkin.optimize("matmul", hardware="h200", sizes={"a": 4096, "b": 4096, "c": 4096},
+                          dtype="bf16")
+    with jax.sharding.use_abstract_mesh(mesh):
+        spec = lower(k.program, k.tiles, dtype="bf16", schedule=k.schedule).plan(*shapes)
+        assert spec.written.backend == "mosaic" and "backend: Mosaic GPU (Hopper)" in spec.notes
+        monkeypatch.setattr(mg, "SMEM_LIMIT", 10 ** 9)
+        heavy = lower(big.program, {"g_a": 128, "g_c": 256, "s_b": 128}, dtype="bf16",
+                      num_stages=3)
+        spec = heavy.plan((512, 1024), (1024, 512))
+    assert spec.written.backend == "triton"
+    note = next(n for n in spec.notes if n.startswith("backend: "))
+    assert "Mosaic GPU does not lower it" in note and "shared memory" in note

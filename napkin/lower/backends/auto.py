@@ -28,6 +28,18 @@ def hopper_here() -> str:
     return ""
 
 
+def lowers(written, plan) -> None:
+    """Lower a Mosaic kernel for this GPU now (a NapkinError if Mosaic refuses it), so that
+    the default backend falls back to Triton here rather than fail at the first call."""
+    structs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in plan.inputs]
+    try:
+        written.calls[False].trace(*structs, interpret=False).lower(
+            lowering_platforms=("cuda",))
+    except Exception as e:  # noqa: BLE001 - Mosaic's own refusal, as one line
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise NapkinError(f"Mosaic GPU does not lower it: {first}") from None
+
+
 class Auto:
     name = "auto"
     rules = TRITON.rules  # Mosaic's block rules are the same (powers of two)
@@ -43,6 +55,7 @@ class Auto:
         if not why:
             try:
                 written = MOSAIC.write(kernel, plan)
+                lowers(written, plan)
                 written.notes.append("backend: Mosaic GPU (Hopper)")
                 return written
             except NapkinError as e:

@@ -75,11 +75,11 @@ I32 = jax.ShapeDtypeStruct((), jnp.int32)
 FP8 = np.dtype(jnp.float8_e4m3fn)
 
 
-def consumer_registers(consumers: int, producer: bool = True) -> int:
+def consumer_registers(consumers: int) -> int:
     """Registers per thread ``setmaxnreg`` gives each consumer warpgroup (as
     ``emit_pipeline_warp_specialized`` does): the SM's file less the producer's, shared, in
     multiples of 8, at most 256 (a block holds W + 1 warpgroups of 128 threads)."""
-    left = REGISTERS_PER_SM // THREADS - (PRODUCER_REGISTERS if producer else 0)
+    left = REGISTERS_PER_SM // THREADS - PRODUCER_REGISTERS
     return int(min(256, left / consumers) // 8 * 8)
 
 
@@ -167,6 +167,9 @@ def refusal(plan: KernelPlan) -> str:
         if last % 16:
             return (f"{ap.name}: its blocks' rows ({names[-1]}) are {last} B; TMA copies rows "
                     f"of a multiple of 16 B")
+        if len(names) > 1 and (last < 32 or last % 32):
+            return (f"{ap.name}: its blocks' rows ({names[-1]}) are {last} B; shared memory "
+                    f"for wgmma is swizzled in rows of 32, 64 or 128 B")
     g = to_graph(plan.body)
     for v, ap in zip(g.graph["inputs"], plan.inputs):
         readers = {g.nodes[n]["box"].spec.kind for n in g.successors(v)}
@@ -264,6 +267,23 @@ class MosaicRecorder(Recorder):
 
     name = "pallas-mosaic-gpu"
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        plain = self.add
+
+        def add(a, b):
+            """state + a·b: the product accumulates into the state (wgmma's accumulator
+            initialised with it) instead of a fresh accumulator and an add."""
+            for acc, prod in ((a, b), (b, a)):
+                mma = getattr(prod, "mma", None)
+                if mma and isinstance(acc, Var) and acc.shape == prod.shape and \
+                        acc.dtype == np.float32 and not isinstance(acc, SmemRef):
+                    A, B, kind = mma
+                    return self.w.let(f"_mma_into{kind}({acc.name}, {A}, {B})",
+                                      aval=prod.aval)
+            return plain(a, b)
+        self.add = add
+
     def reshape(self, x, shape):
         """A reshape that only inserts unit axes remembers its source and where its axes
         went, so that a broadcast of it is written from the source (MosaicWriter)."""
@@ -281,23 +301,6 @@ class MosaicRecorder(Recorder):
                 if j == x.ndim:
                     out.expanded = (x, tuple(dims))
         return out
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        plain = self.add
-
-        def add(a, b):
-            """state + a·b: the product accumulates into the state (wgmma's accumulator
-            initialised with it) instead of a fresh accumulator and an add."""
-            for acc, prod in ((a, b), (b, a)):
-                mma = getattr(prod, "mma", None)
-                if mma and isinstance(acc, Var) and acc.shape == prod.shape and \
-                        acc.dtype == np.float32 and not isinstance(acc, SmemRef):
-                    A, B, kind = mma
-                    return self.w.let(f"_mma_into{kind}({acc.name}, {A}, {B})",
-                                      aval=prod.aval)
-            return plain(a, b)
-        self.add = add
 
     def arange(self, n):
         return self.w.let(f"lax.broadcasted_iota(jnp.int32, ({int(n)},), 0)")
@@ -908,73 +911,6 @@ def interpret_supported() -> bool:
     from jax.experimental.pallas import mosaic_gpu as plgpu
     return hasattr(plgpu, "InterpretGPUParams") and \
         "interpret" in inspect.signature(plgpu.kernel).parameters
-
-
-# ------------------------------------------------------------------ reading the export
-def mosaic_module(mlir_text: str) -> str:
-    """The Mosaic GPU module (as MLIR text) inside an exported program's ``mosaic_gpu_v2``
-    custom call: the kernel as it goes to ptxas, with its wgmma, TMA and setmaxnreg."""
-    from jax._src.interpreters import mlir as jmlir
-    from jax._src.lib import mosaic_gpu_dialect
-    from jax._src.lib.mlir import ir, passmanager
-    ctx = jmlir.make_ir_context()
-    mosaic_gpu_dialect.register_dialect(ctx)
-    ctx.load_all_available_dialects()  # (gpu, nvvm, llvm: jax 0.11 loads them lazily)
-    with ctx:
-        ctx.allow_unregistered_dialects = True
-        outer = ir.Module.parse(mlir_text)
-        blobs = []
-
-        def visit(op):
-            if op.name == "stablehlo.custom_call" and \
-                    ir.StringAttr(op.attributes["call_target_name"]).value == "mosaic_gpu_v2":
-                config = ir.DictAttr(op.attributes["mhlo.backend_config"])
-                blobs.append(ir.StringAttr(config["module"]).value_bytes)
-            return ir.WalkResult.ADVANCE
-        outer.operation.walk(visit)
-        if not blobs:
-            raise NapkinError("the CUDA export holds no Mosaic GPU kernel")
-        texts = []
-        for blob in blobs:
-            try:
-                inner = ir.Module.parse(blob)
-            except ir.MLIRError as e:  # jaxlib 0.11's bindings do not read their own gpu attrs
-                import jaxlib
-                raise NapkinError(f"cannot read the Mosaic GPU module with jaxlib "
-                                  f"{jaxlib.__version__} ({str(e).splitlines()[1].strip()}); "
-                                  f"jaxlib 0.12 reads it") from None
-            passmanager.PassManager.parse(
-                "builtin.module(mosaic_gpu-serde{serialize=false})").run(inner.operation)
-            texts.append(str(inner))
-    return "\n".join(texts)
-
-
-@dataclass(frozen=True)
-class ModuleFacts:
-    """What an exported Mosaic GPU kernel does on the GPU, read from its module."""
-    shared_memory: int        # dynamic shared memory per block, bytes
-    wgmma: int                # wgmma.mma_async instructions
-    tma_loads: int            # cp.async.bulk.tensor global -> shared copies
-    tma_stores: int           # cp.async.bulk.tensor shared -> global copies
-    setmaxnreg: tuple         # the register counts set (("dec", "40"), ("inc", "232"))
-    threads: int
-    wgmma_kinds: tuple = ()   # the distinct wgmma instructions (shape and operand types)
-
-    @classmethod
-    def read(cls, module: str) -> ModuleFacts:
-        smem = re.findall(r"dynamic_shared_memory_size %c(\d+)_i32", module)
-        threads = re.findall(r"threads\([^)]*\) in \(%\w+ = %c(\d+)", module)
-        return cls(int(smem[0]) if smem else 0,
-                   len(re.findall(r"wgmma\.mma_async", module)),
-                   # TMA: tensor copies (cp.async.bulk.tensor.Nd) and 1-D bulk copies
-                   len(re.findall(r"cp\.async\.bulk\.(?:tensor\.\dd\.)?shared::(?:cta|cluster)"
-                                  r"\.global", module)),
-                   len(re.findall(r"cp\.async\.bulk\.(?:tensor\.(?:\dd\.)?)?global\.shared",
-                                  module)),
-                   tuple(re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32 (\d+)", module)),
-                   int(threads[0]) if threads else 0,
-                   tuple(sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.([\w.]+)",
-                                               module)))))
 
 
 class MosaicGPU:
