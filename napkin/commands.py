@@ -17,6 +17,8 @@ HARDWARE = arg("--hardware", default="h100", metavar="NAME|FILE",
                help="a profile (a100, h100, h200) or a TOML hierarchy (default: h100)")
 DTYPE = arg("--dtype", default="bf16", metavar="DT", help="bytes per value (default: bf16)")
 JSON = arg("--json", action="store_true", help="print JSON instead of text")
+TILE = arg("--tile", action="append", default=[], metavar="TILE=N",
+           help="a tile size instead of the optimiser's (repeatable), e.g. g_q=192")
 FROM = arg("--from", dest="from_", metavar="FILE:NAME", default=None,
            help="a user algorithm: NAME (a diagram, or a function returning one) in FILE")
 
@@ -24,14 +26,14 @@ FROM = arg("--from", dest="from_", metavar="FILE:NAME", default=None,
 _DIGITS = re.compile(r"[0-9]{1,18}")  # ASCII digits only: str.isdigit accepts '²'
 
 
-def parse_sizes(items: list[str]) -> dict[str, int]:
+def parse_sizes(items: list[str], flag: str = "--size", what: str = "AXIS") -> dict[str, int]:
     out = {}
     for item in items:
         name, sep, value = item.partition("=")
         value = value.strip()
         if not sep or not name.isidentifier() or not _DIGITS.fullmatch(value) or int(value) <= 0:
-            raise NapkinError(f"--size expects AXIS=N with N a positive integer (decimal digits, "
-                              f"below 10^18), got {item!r}")
+            raise NapkinError(f"{flag} expects {what}=N with N a positive integer (decimal "
+                              f"digits, below 10^18), got {item!r}")
         out[name] = int(value)
     return out
 
@@ -442,7 +444,7 @@ def kernel_dtype(dtype: str) -> str:
 
 @command("lower", "write the Pallas kernel of an algorithm's best program (or a certificate's)",
          arg("algorithm", metavar="ALGO|CERTIFICATE", nargs="?"), FROM, SIZE, HARDWARE, DTYPE,
-         BACKEND, arg("--emit", metavar="PATH", help="write the kernel's Python source here"),
+         BACKEND, TILE, arg("--emit", metavar="PATH", help="write the kernel's Python source here"),
          arg("--force", action="store_true", help="let --emit overwrite an existing file"),
          arg("--report", action="store_true",
              help="instead of the source: the schedule's buffers per level beside what Triton "
@@ -457,6 +459,9 @@ def _lower(args) -> int:
 def _lower_to(args, emit, out) -> int:
     from napkin.lower import lower
     name, diagram, cert = load(args.algorithm, args.from_)
+    if cert is not None and args.tile:
+        raise NapkinError("--tile: a certificate's kernel is lowered with the certificate's "
+                          "own tiles")
     if cert is not None:
         from napkin.hardware import get_hardware
         program, sizes = replay(cert, args.algorithm), dict(cert.sizes)
@@ -468,6 +473,7 @@ def _lower_to(args, emit, out) -> int:
     else:
         sizes = sizes_for(diagram, parse_sizes(args.size), "--size")
         opt = optimized(args, name, diagram, sizes=sizes)
+        opt = opt.with_tiles(parse_sizes(args.tile, "--tile", "TILE"))
         k, program, hardware = opt.kernel(args.backend), opt.program, opt.hardware
     shapes = _shapes(diagram, sizes)
     src = k.source(*shapes)
@@ -487,7 +493,7 @@ def _lower_to(args, emit, out) -> int:
 @command("run", "optimise → check the certificate → lower → run on random inputs → compare",
          arg("algorithm", metavar="ALGO", nargs="?"), FROM, SIZE, HARDWARE,
          arg("--dtype", default="f32", metavar="DT", help="input dtype (default: f32)"), BACKEND,
-         INTERPRET, *LIMITS)
+         TILE, INTERPRET, *LIMITS)
 def _run(args) -> int:
     from napkin.library import DEFAULT_SIZES
     from napkin.lower import hbm_bytes
@@ -507,9 +513,13 @@ def _run(args) -> int:
     opt = optimized(args, name, diagram, sizes=full, max_states=args.max_states,
                     max_seconds=args.max_seconds)
     opt = opt.fit(sizes) if small and full != sizes else opt  # (searched at these: as found)
+    opt = opt.with_tiles(parse_sizes(args.tile, "--tile", "TILE"))
     print("chain: " + " → ".join(str(m) for m in opt.chain))
-    print("tiles: " + ", ".join(f"{k}={v}" for k, v in opt.tiles.items())
-          + f"; modelled time {opt.search.best.time_s:.3g} s ({opt.search.best.bound_by}-bound)")
+    chosen = parse_sizes(args.tile, "--tile", "TILE")
+    print("tiles: " + ", ".join(f"{k}={v}" + (" (--tile)" if k in chosen else "")
+                                for k, v in opt.tiles.items())
+          + f"; modelled time {opt.search.best.time_s:.3g} s ({opt.search.best.bound_by}-bound"
+          + (", at the optimiser's tiles)" if chosen else ")"))
     report = opt.check()
     print(f"certificate: {report}")
     if not report.ok:

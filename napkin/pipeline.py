@@ -131,6 +131,19 @@ class Optimized:
         return dataclasses.replace(self, sizes=sizes,
                                    tiles={t: shrunk(t, v) for t, v in self.tiles.items()})
 
+    def with_tiles(self, tiles: dict) -> Optimized:
+        """This program at other tile sizes (the launch parameters kept): a configuration
+        of one's own — the paper's three consumer warpgroups are ``{"g_q": 192, "s_x": 64}``
+        with ``kernel("mosaic")``.  Names must be the program's tiles; values positive."""
+        unknown = sorted(set(tiles) - set(self.tiles))
+        if unknown:
+            raise NapkinError(f"tile {unknown[0]}: the program has tiles "
+                              f"{', '.join(sorted(self.tiles)) or 'none'}")
+        for name, v in tiles.items():
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise NapkinError(f"tile {name}={v!r} must be a positive integer")
+        return dataclasses.replace(self, tiles={**self.tiles, **tiles})
+
     @property
     def schedule(self):
         """The program as one loop nest on ``hardware`` (napkin.schedule): the very one

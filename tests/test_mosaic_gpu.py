@@ -279,3 +279,18 @@ def test_auto_on_hopper_writes_mosaic_or_falls_back_when_mosaic_cannot_lower(mon
     assert spec.written.backend == "triton"
     note = next(n for n in spec.notes if n.startswith("backend: "))
     assert "Mosaic GPU does not lower it" in note and "shared memory" in note
+
+
+def test_cli_runs_the_papers_three_consumer_configuration(capsys):
+    """--tile sets a configuration of one's own: 192 query rows per block are three consumer
+    warpgroups of 64 (the paper's), run in interpret mode against the reference."""
+    from napkin import cli
+    rc = cli.main(["run", "attention", "--dtype", "bf16", "--backend", "mosaic",
+                   "--size", "q=384", "--size", "x=1024", "--size", "d=128",
+                   "--tile", "g_q=192", "--tile", "s_x=64"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert "g_q=192 (--tile)" in out and "kernel: Mosaic GPU" in out
+    rc = cli.main(["run", "attention", "--dtype", "bf16", "--tile", "g_z=3"])
+    out, err = capsys.readouterr()
+    assert rc != 0 and err.strip().endswith("tile g_z: the program has tiles g_q, s_x")
