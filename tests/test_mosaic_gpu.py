@@ -294,3 +294,23 @@ def test_cli_runs_the_papers_three_consumer_configuration(capsys):
     rc = cli.main(["run", "attention", "--dtype", "bf16", "--tile", "g_z=3"])
     out, err = capsys.readouterr()
     assert rc != 0 and err.strip().endswith("tile g_z: the program has tiles g_q, s_x")
+
+
+def test_a_mosaic_programs_module_runs_as_printed():
+    """The one module a program of Mosaic kernels prints (napkin lower --emit) imports what
+    its kernels use, holds their helpers once, and runs as the lowered program does."""
+    r = napkin.optimize("mlp", hardware="h200", dtype="bf16")
+    k = lower(r.program, {"g_e": 128, "g_n": 128, "g_f": 128, "s_e": 64}, backend="mosaic",
+              dtype="bf16", schedule=r.schedule)
+    alg = get("mlp")
+    xs = [np.asarray(x, np.float32) for x in
+          alg.sample(np.random.default_rng(2), {"n": 128, "d": 64, "e": 256, "f": 128})]
+    src = k.source(*[x.shape for x in xs])
+    assert "Mosaic GPU backend" in src and src.count("def _mma(") == 1
+    if mg.interpret_supported():
+        import jax.numpy as jnp
+        namespace: dict = {}
+        exec(compile(src, "<mlp-mosaic>", "exec"), namespace)
+        args = [jnp.asarray(x, jnp.bfloat16) for x in xs]
+        got = np.asarray(namespace["forward"](*args, interpret=True), np.float32)
+        np.testing.assert_array_equal(got, np.asarray(k(*args, interpret=True), np.float32))

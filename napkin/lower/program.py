@@ -175,13 +175,20 @@ class LoweredProgram:
             return outs
         result = fold_boxes(self.program, names, apply)
         lines.append(f"    return {', '.join(result)}")
-        head = [f'"""Pallas kernels ({self.backend.name} backend) for {self.name}, written by '
-                f'napkin.lower: a program of {len(plan.steps)} kernels.', "",
-                "Run it with forward(*inputs, interpret=True) on a CPU, interpret=False on a GPU.",
-                '"""', "import jax", "import jax.numpy as jnp", "from jax import lax",
-                "from jax.experimental import pallas as pl",
-                "from jax.experimental.pallas import triton as plt", ""]
-        return "\n".join(head + parts + lines) + "\n"
+        written = {spec.written.backend for _, _, spec in plan.steps}
+        names = " and ".join({"triton": "Triton", "mosaic": "Mosaic GPU"}.get(b, b)
+                             for b in sorted(written, reverse=True))
+        head = [f'"""Pallas kernels ({names} backend{"s" * (len(written) > 1)}) for '
+                f'{self.name}, written by napkin.lower: a program of {len(plan.steps)} kernels.',
+                "", "Run it with forward(*inputs, interpret=True) on a CPU, interpret=False on a "
+                "GPU.", '"""', "import jax", "import jax.numpy as jnp", "from jax import lax",
+                "from jax.experimental import pallas as pl"]
+        if "triton" in written:
+            head.append("from jax.experimental.pallas import triton as plt")
+        if "mosaic" in written:  # with the helpers its kernels call, once
+            from napkin.lower.backends.mosaic_gpu import HELPERS
+            head += ["from jax.experimental.pallas import mosaic_gpu as plgpu", HELPERS]
+        return "\n".join(head + [""] + parts + lines) + "\n"
 
     # ------------------------------------------------------------ running
     def resolve_interpret(self, interpret=None) -> bool:
