@@ -275,7 +275,7 @@ def test_matmul_grids_launch_in_grouped_order():
     once, a group's programs sweeping the columns with the same column tile 8 programs in
     a row (a ragged last group too), and the kernel still equals the reference and moves
     the bytes the schedule prices.  Attention's (h, q) grid has no such pair."""
-    from napkin.lower.backends.triton import tile_indices
+    from napkin.lower.plan import tile_indices
     from napkin.lower.plan import Raster
     kernel = kernel_for("matmul")
     shapes = [(300, 37), (37, 100)]  # 19 row tiles (two groups of 8, then 3) × 7 columns

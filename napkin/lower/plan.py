@@ -454,6 +454,27 @@ class KernelPlan:
         return [("group", g.axis, g.tile) for g in self.grid] + inside
 
 
+def tile_indices(plan, ids: list[str]) -> list[str]:
+    """Per grid dimension, the expression of this program's tile from the launched grid's
+    indices ``ids``: the index itself, a raster's grouped order (see plan.Raster), counted
+    from the last tile where the dimension runs heaviest first."""
+    out = {}
+    for i, dims in zip(ids, plan.launch_dims):
+        if len(dims) == 1:
+            out[dims[0]] = i
+            continue
+        r = plan.raster
+        (rows, cols), g = r.tiles(plan.grid), r.group
+        width = g * cols  # programs per group: `g` row tiles × every column tile
+        first = f"{i} // {width} * {g}"
+        size = g if rows % g == 0 else f"jnp.minimum({rows} - {first}, {g})"
+        out[r.rows] = f"{first} + {i} % {width} % {size}"
+        out[r.cols] = f"{i} % {width} // {size}"
+    return [f"{g.tiles - 1} - ({out[d]})" if g.reverse and " " in out[d] else
+            f"{g.tiles - 1} - {out[d]}" if g.reverse else out[d]
+            for d, g in enumerate(plan.grid)]
+
+
 def schedule_loops(schedule) -> list:
     """The group and stream loops of a schedule (``napkin.schedule``), in its order."""
     from napkin.schedule.nest import Loop

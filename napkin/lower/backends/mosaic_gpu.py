@@ -56,7 +56,7 @@ from napkin.errors import NapkinError
 from napkin.lower.backends import Written, load_module
 from napkin.lower.emit import _NAME, LOW_PRECISION, Recorder, Var, Writer, dtype_name
 from napkin.ir import to_graph
-from napkin.lower.plan import BlockRules, KernelPlan, loop_boxes
+from napkin.lower.plan import BlockRules, KernelPlan, loop_boxes, tile_indices
 from napkin.primitives import EvalContext
 from napkin.semantics import fold_boxes
 from napkin.weave import unweavable, unweave
@@ -563,32 +563,70 @@ class _Spelling:
 
     # -------------------------------------------------------------- the module
     def write(self) -> Written:
-        k, plan, w, split = self.k, self.plan, self.w, self.split
-        launch_ids = [f"lax.axis_index('g{i}')" for i in range(len(plan.launch_dims))]
-        from napkin.lower.backends.triton import tile_indices
-        tiles = tile_indices(plan, launch_ids)
-        n_in = len(plan.inputs)
+        """The kernel: each program's tile starts, its shared memory, the stream's pipeline,
+        and the consumers' work (inputs in, the body, the epilogue), all inside one
+        ``run_scoped`` of the warpgroups' shared allocations."""
+        k, w = self.k, self.w
         w.line(f"def {k.symbol('kernel')}({', '.join(self.gmem)}):")
         w.indent()
+        self.grid_starts()
+        scratch, scratch_names = self.allocate()
+        windows = self.pipeline() if self.stream_box else []
+        w.line()
+        params = (["allocs"] if self.stream_box else []) + scratch_names
+        w.line(f"def scoped({', '.join(params)}):")
+        w.indent()
+        w.line("wg = lax.axis_index('wg')")
+        w.line("steps = {}")
+        w.line("def consumer(run=None):")
+        w.indent()
+        wires = self.consumer_inputs()
+        outs = self.run(self.body, self.consumer_context(), wires)
+        self.epilogue(outs)
+        w.dedent()
+        if self.stream_box:
+            w.line(f"pipeline(lambda *a: steps[{self.stream_box.spec.axis!r}](*a), consumer)("
+                   f"{', '.join(windows)}, allocations=allocs)")
+        else:
+            w.line("consumer()")
+        w.dedent()
+        allocs = ([f"pipeline(_ignore, _ignore).get_allocations({', '.join(windows)})"]
+                  if self.stream_box else [])
+        w.line(f"pl.run_scoped(scoped, {', '.join(allocs + scratch)}, collective_axes='wg')")
+        w.dedent()
+        self.check_registers()
+        self.reduction_scratch()
+        self.check_shared_memory()
+        return self.module(self.split.consumers + bool(self.stream_box))
+
+    def grid_starts(self) -> None:
+        """Per grid axis, where this program's tile starts (``self.starts``: axis -> name)."""
+        plan, w = self.plan, self.w
+        ids = [f"lax.axis_index('g{i}')" for i in range(len(plan.launch_dims))]
         self.starts = {}
-        for g, pid in zip(plan.grid, tiles):
+        for g, pid in zip(plan.grid, tile_indices(plan, ids)):
             expr = f"({pid})" if " " in pid else pid
             self.starts[g.axis] = w.reserve(f"{g.axis}0")
             w.line(f"{self.starts[g.axis]} = {expr}" + (f" * {g.tile}" if g.tile != 1 else "")
                    + f"  # group {g.axis}: this program's tile starts here")
-        W = split.consumers
-        streamed = bool(self.stream_box)
-        # shared memory: inputs loaded once (per consumer), outputs staged for the TMA store
-        scratch, scratch_names = [], []
+
+    def allocate(self) -> tuple[list, list]:
+        """The warpgroups' shared allocations (their ``plgpu`` types and names): inputs
+        loaded once (one buffer per consumer), outputs staged for their TMA stores, and the
+        barriers the loads signal."""
+        plan, w, W = self.plan, self.w, self.split.consumers
+        scratch, names = [], []
+
+        def smem(name, shape, dtype, tiled):
+            scratch.append(f"plgpu.SMEM({shape}, {dtype_name(dtype)}, "
+                           f"transforms=_transforms({tiled}, {dtype_name(dtype)}))")
+            names.append(w.reserve(name))
+            return names[-1]
         self.fixed_smem = {}
         for i in self.fixed:
             ap = plan.inputs[i]
             shape = (W,) + self.consumer_shape(ap)
-            name = w.reserve(f"{ap.name}_smem")
-            scratch.append(f"plgpu.SMEM({shape}, {dtype_name(ap.dtype)}, "
-                           f"transforms=_transforms({shape[1:]}, {dtype_name(ap.dtype)}))")
-            scratch_names.append(name)
-            self.fixed_smem[i] = name
+            self.fixed_smem[i] = smem(f"{ap.name}_smem", shape, ap.dtype, shape[1:])
             self.buffer("staged", self.nbytes(shape, ap.dtype))
         self.out_smem, self.tiled_epilogue = [], set()
         free = {i: ((W,) + self.consumer_shape(plan.inputs[i]), np.dtype(plan.inputs[i].dtype))
@@ -602,72 +640,66 @@ class _Spelling:
             if reuse is not None:
                 del free[reuse]
                 self.out_smem.append(self.fixed_smem[reuse])
-                self.notes.append(f"{ap.name} is staged for its store in {plan.inputs[reuse].name}'s "
-                                  f"shared memory")
+                self.notes.append(f"{ap.name} is staged for its store in "
+                                  f"{plan.inputs[reuse].name}'s shared memory")
                 continue
-            name = w.reserve(f"{ap.name}_smem")
             if len(shape) > 2 and self.nbytes(shape[1:], ap.dtype) > EPILOGUE_BYTES and \
                     shape[-1] % EPILOGUE_COLUMNS == 0:
                 # a large output block goes out in column slices through two slots, each
                 # slice's TMA store overlapping the next slice's copy into shared memory
                 shape = (W, 2) + shape[1:-1] + (EPILOGUE_COLUMNS,)
                 self.tiled_epilogue.add(len(self.out_smem))
-            scratch.append(f"plgpu.SMEM({shape}, {dtype_name(ap.dtype)}, "
-                           f"transforms=_transforms({shape[-2:]}, {dtype_name(ap.dtype)}))")
-            scratch_names.append(name)
-            self.out_smem.append(name)
+            self.out_smem.append(smem(f"{ap.name}_smem", shape, ap.dtype, shape[-2:]))
             self.buffer("epilogue", self.nbytes(shape, ap.dtype))
         n_bar = W * len(self.fixed)
         if n_bar:
             scratch.append(f"plgpu.Barrier(num_barriers={n_bar})")
-            scratch_names.append(w.reserve("loaded"))
+            names.append(w.reserve("loaded"))
             self.smem["barriers"] += 8 * n_bar
-        # the stream's pipeline (its chunk BlockSpecs)
-        self.chunk_refs = {}
-        windows = []
-        if streamed:
-            sp = self.stream_plan
-            lo, hi = self.skip_bounds(sp)
-            steps = sp.chunks if (lo, hi) == (0, sp.chunks) else \
-                f"jnp.maximum({hi} - {lo}, 1).astype(jnp.int32)" if not isinstance(hi, int) \
-                else max(hi - lo, 1)
-            self.lo = lo
-            specs = []
-            for i in sorted(self.streamed):
-                ap = plan.inputs[i]
-                window = self.gmem_window(ap, self.gmem[i], consumer=False, keep={sp.axis})
-                windows.append(window)
-                names = [a for a in ap.type.names if a not in ap.squeezed]
-                block = tuple(sp.chunk if a == sp.axis else b
-                              for a, b in zip(names, ap.kernel_block))
-                index = ", ".join((f"c + {lo}" if lo != 0 else "c") if a == sp.axis else "0"
-                                  for a in names)
-                specs.append(f"plgpu.BlockSpec({block}, lambda c: ({index},), "
-                             f"transforms=_transforms({block}, {dtype_name(ap.dtype)}))")
-                self.buffer("staged", min(self.stages, sp.chunks) * self.nbytes(block, ap.dtype))
-            w.line("def pipeline(step, consumer):")
-            w.line("    return plgpu.emit_pipeline_warp_specialized(")
-            w.line(f"        step, grid=({steps},), memory_registers={PRODUCER_REGISTERS},")
-            w.line(f"        in_specs=[{', '.join(specs)}],")
-            w.line(f"        wg_axis='wg', num_compute_wgs={W}, "
-                   f"max_concurrent_steps={min(self.stages, sp.chunks)}, compute_context=consumer)")
-            self.smem["barriers"] += 8 * 2 * min(self.stages, sp.chunks)  # produced, consumed
-        w.line()
-        params = (["allocs"] if streamed else []) + scratch_names
-        w.line(f"def scoped({', '.join(params)}):")
-        w.indent()
-        w.line("wg = lax.axis_index('wg')")
-        w.line("steps = {}")
-        w.line("def consumer(run=None):")
-        w.indent()
-        wires = []
+        return scratch, names
+
+    def pipeline(self) -> list[str]:
+        """``pipeline(step, consumer)``: the stream's warp-specialised pipeline, one chunk
+        BlockSpec per streamed input; returns the HBM windows it streams from."""
+        plan, w, sp = self.plan, self.w, self.stream_plan
+        lo, hi = self.skip_bounds(sp)
+        steps = sp.chunks if (lo, hi) == (0, sp.chunks) else \
+            f"jnp.maximum({hi} - {lo}, 1).astype(jnp.int32)" if not isinstance(hi, int) \
+            else max(hi - lo, 1)
+        self.lo = lo
+        stages = min(self.stages, sp.chunks)
+        specs, windows = [], []
+        for i in sorted(self.streamed):
+            ap = plan.inputs[i]
+            windows.append(self.gmem_window(ap, self.gmem[i], consumer=False, keep={sp.axis}))
+            names = [a for a in ap.type.names if a not in ap.squeezed]
+            block = tuple(sp.chunk if a == sp.axis else b for a, b in zip(names, ap.kernel_block))
+            index = ", ".join((f"c + {lo}" if lo != 0 else "c") if a == sp.axis else "0"
+                              for a in names)
+            specs.append(f"plgpu.BlockSpec({block}, lambda c: ({index},), "
+                         f"transforms=_transforms({block}, {dtype_name(ap.dtype)}))")
+            self.buffer("staged", stages * self.nbytes(block, ap.dtype))
+        w.line("def pipeline(step, consumer):")
+        w.line("    return plgpu.emit_pipeline_warp_specialized(")
+        w.line(f"        step, grid=({steps},), memory_registers={PRODUCER_REGISTERS},")
+        w.line(f"        in_specs=[{', '.join(specs)}],")
+        w.line(f"        wg_axis='wg', num_compute_wgs={self.split.consumers}, "
+               f"max_concurrent_steps={stages}, compute_context=consumer)")
+        self.smem["barriers"] += 8 * 2 * stages  # produced, consumed
+        return windows
+
+    def consumer_inputs(self) -> list:
+        """The body's inputs as a consumer sees them: tiles loaded once by TMA (copied, then
+        waited for), chunks (the pipeline's, named in its step), values read from HBM."""
+        plan, w = self.plan, self.w
+        n = len(self.fixed)
         for j, i in enumerate(self.fixed):
             ap = plan.inputs[i]
-            ref = f"{self.fixed_smem[i]}.at[wg]"
-            w.line(f"plgpu.copy_gmem_to_smem({self.gmem_window(ap, self.gmem[i], True)}, {ref}, "
-                   f"loaded.at[wg * {len(self.fixed)} + {j}])")
-        for j, i in enumerate(self.fixed):
-            w.line(f"plgpu.barrier_wait(loaded.at[wg * {len(self.fixed)} + {j}])")
+            w.line(f"plgpu.copy_gmem_to_smem({self.gmem_window(ap, self.gmem[i], True)}, "
+                   f"{self.fixed_smem[i]}.at[wg], loaded.at[wg * {n} + {j}])")
+        for j in range(n):
+            w.line(f"plgpu.barrier_wait(loaded.at[wg * {n} + {j}])")
+        self.chunk_refs, wires = {}, []
         for i, ap in enumerate(plan.inputs):
             aval = jax.ShapeDtypeStruct(self.consumer_shape(ap), ap.dtype)
             if i in self.streamed:
@@ -681,19 +713,30 @@ class _Spelling:
                 view = w.reserve(f"{ap.name}_wg")
                 w.line(f"{view} = {self.fixed_smem[i]}.at[wg]")
                 wires.append(SmemRef(w, view, aval))
-        offsets = {a: v for a, v in self.starts.items()}
+        return wires
+
+    def consumer_context(self) -> EvalContext:
+        """Sizes and offsets as a consumer sees them: a sliced axis starts at its slice and
+        its tile symbol is the slice's rows."""
+        plan, w, split = self.plan, self.w, self.split
+        offsets = dict(self.starts)
         env = dict(plan.env)
         if split.kind == "slice":
             offsets[split.axis] = w.let(f"{self.starts[split.axis]} + wg * {split.rows}",
                                         name=f"{split.axis}_wg0", aval=I32)
-            spec = next(s for s in k.structure.groups if s.axis == split.axis)
+            spec = next(s for s in self.k.structure.groups if s.axis == split.axis)
             if isinstance(spec.size, sympy.Symbol):
                 env[spec.size] = split.rows
         offsets = {a: (v if isinstance(v, Var) else Var(w, v, I32, temp=False))
                    for a, v in offsets.items()}
         self.consumer_env = env
-        ctx = EvalContext(env, offsets, self.xp)
-        outs = self.run(self.body, ctx, wires)
+        return EvalContext(env, offsets, self.xp)
+
+    def epilogue(self, outs) -> None:
+        """Each output through its shared-memory buffer (whole, or in column slices through
+        two slots) and a TMA store into its HBM window."""
+        plan, w = self.plan, self.w
+        n_in = len(plan.inputs)
         w.line()
         whole = []
         for j, (val, ap) in enumerate(zip(outs, plan.outputs)):
@@ -704,42 +747,29 @@ class _Spelling:
                 w.line(f"{self.out_smem[j]}.at[wg][...] = {val}")
                 whole.append(j)
                 continue
-            last = ap.names[-1]
             for e in range(val.shape[-1] // EPILOGUE_COLUMNS):
                 cols = f"{e * EPILOGUE_COLUMNS}:{(e + 1) * EPILOGUE_COLUMNS}"
                 slot = f"{self.out_smem[j]}.at[wg, {e % 2}]"
                 w.line("plgpu.wait_smem_to_gmem(1, wait_read_only=True)")
                 w.line(f"{slot}[...] = {val}[{', '.join([':'] * (val.ndim - 1) + [cols])}]")
                 w.line("plgpu.commit_smem()")
-                cut = (last, e * EPILOGUE_COLUMNS, EPILOGUE_COLUMNS)
+                cut = (ap.names[-1], e * EPILOGUE_COLUMNS, EPILOGUE_COLUMNS)
                 w.line(f"plgpu.copy_smem_to_gmem({slot}, "
                        f"{self.gmem_window(ap, self.gmem[n_in + j], True, cut=cut)})")
         if whole:
             w.line("plgpu.commit_smem()")
         for j in whole:
-            ap = plan.outputs[j]
             w.line(f"plgpu.copy_smem_to_gmem({self.out_smem[j]}.at[wg], "
-                   f"{self.gmem_window(ap, self.gmem[n_in + j], True)})")
+                   f"{self.gmem_window(plan.outputs[j], self.gmem[n_in + j], True)})")
         w.line("plgpu.wait_smem_to_gmem(0)")
-        w.dedent()
-        if streamed:
-            w.line(f"pipeline(lambda *a: steps[{self.stream_box.spec.axis!r}](*a), consumer)("
-                   f"{', '.join(windows)}, allocations=allocs)")
-        else:
-            w.line("consumer()")
-        w.dedent()
-        allocs = ([f"pipeline(_ignore, _ignore).get_allocations({', '.join(windows)})"]
-                  if streamed else [])
-        w.line(f"pl.run_scoped(scoped, {', '.join(allocs + scratch)}, collective_axes='wg')")
-        w.dedent()
-        self.check_registers()
-        if any(re.search(rf"\bjnp\.{r}\(", line) for line in w.live_lines()
+
+    def reduction_scratch(self) -> None:
+        """Mosaic reserves shared memory for cross-warp reductions in a kernel that reduces."""
+        if any(re.search(rf"\bjnp\.{r}\(", line) for line in self.w.live_lines()
                for r in ("sum", "max", "min", "mean", "prod")):
             from jax.experimental.pallas import mosaic_gpu as plgpu
             scratch = plgpu.CompilerParams().reduction_scratch_bytes
             self.smem["reduction scratch"] = -(-scratch // SMEM_ALIGNMENT) * SMEM_ALIGNMENT
-        self.check_shared_memory()
-        return self.module(W + streamed)
 
     def skip_bounds(self, sp):
         """The chunks [lo, hi) this program's pipeline visits: all, or — with tile skipping

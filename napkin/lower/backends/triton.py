@@ -37,7 +37,7 @@ from napkin.arrays import array_types
 from napkin.errors import NapkinError
 from napkin.lower.backends import Written, load_module
 from napkin.lower.emit import Recorder, Var, Writer, dtype_name, identifier
-from napkin.lower.plan import BlockRules, KernelPlan, reduction_neutral
+from napkin.lower.plan import BlockRules, KernelPlan, reduction_neutral, tile_indices
 from napkin.primitives import EvalContext, align
 from napkin.semantics import fold_boxes
 
@@ -595,27 +595,6 @@ class _Spelling:
         # interpret mode compiles with XLA's cheap settings (it is for testing)
         forward, calls = load_module(source, k, "triton", INTERPRET_COMPILER_OPTIONS)
         return Written(source, forward, calls, launch, definitions=definitions, backend="triton")
-
-
-def tile_indices(plan, ids: list[str]) -> list[str]:
-    """Per grid dimension, the expression of this program's tile from the launched grid's
-    indices ``ids``: the index itself, a raster's grouped order (see plan.Raster), counted
-    from the last tile where the dimension runs heaviest first."""
-    out = {}
-    for i, dims in zip(ids, plan.launch_dims):
-        if len(dims) == 1:
-            out[dims[0]] = i
-            continue
-        r = plan.raster
-        (rows, cols), g = r.tiles(plan.grid), r.group
-        width = g * cols  # programs per group: `g` row tiles × every column tile
-        first = f"{i} // {width} * {g}"
-        size = g if rows % g == 0 else f"jnp.minimum({rows} - {first}, {g})"
-        out[r.rows] = f"{first} + {i} % {width} % {size}"
-        out[r.cols] = f"{i} % {width} // {size}"
-    return [f"{g.tiles - 1} - ({out[d]})" if g.reverse and " " in out[d] else
-            f"{g.tiles - 1} - {out[d]}" if g.reverse else out[d]
-            for d, g in enumerate(plan.grid)]
 
 
 VALUES_PER_THREAD = 64  # of the largest tile: what 255 registers hold beside the rest
