@@ -198,6 +198,14 @@ def test_cli_runs_and_lowers_with_the_mosaic_backend(capsys):
     out, err = capsys.readouterr()
     assert rc == 0 and "Pallas kernel (Mosaic GPU backend)" in out
     assert "emit_pipeline_warp_specialized" in out
+    rc = cli.main(["lower", "attention", "--dtype", "bf16", "--backend", "mosaic", "--report",
+                   "--tile", "g_q=128"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    laid_out = next(ln for ln in out.splitlines() if "laid out by the backend" in ln)
+    counted = laid_out.split("laid out by the backend")[1].split()[0]
+    assert f"{counted} B exported" in laid_out  # exported = laid out
+    assert "setmaxnreg dec 40, inc 232" in out and "m64n128k16.f32.bf16.bf16" in out
     rc = cli.main(["run", "attention", "--backend", "mosaic"])  # f32: refused, one line
     out, err = capsys.readouterr()
     lines = err.strip().splitlines()

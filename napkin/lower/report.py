@@ -7,7 +7,8 @@ launch model's block (``napkin.cost.launch``): the shared memory it stages and t
 of data per thread.  Allocated: what Triton and ptxas made of the lowered kernel
 (:func:`napkin.lower.ptx.compile_ptx`) — shared memory beside the block's, with the ratio
 allocated/modelled, and registers and spills beside the registers per thread.
-Without a matching triton the allocated side is one line saying why.
+Without a matching triton the allocated side is one line saying why.  A Mosaic GPU kernel
+sets the schedule beside its CUDA export instead (:func:`mosaic_report`).
 """
 from __future__ import annotations
 
@@ -64,6 +65,9 @@ def report(kernel, schedule: Schedule, sizes: dict, shapes) -> str:
     """The schedule's buffers per level beside what the compiler allocated for ``kernel``
     (a LoweredKernel of the schedule's program; ``shapes``: its input shapes)."""
     env = {**sizes, **{str(t): v for t, v in kernel.tiles.items()}}
+    spec = kernel.plan(*shapes)
+    if getattr(getattr(spec, "written", None), "backend", "") == "mosaic":
+        return mosaic_report(kernel, schedule, env, shapes, spec)
     compiled = allocated(kernel, shapes)
     tiles = ", ".join(f"{t}={v}" for t, v in kernel.tiles.items()) or "none"
     lines = [f"{kernel.name}: tiles {tiles}; modelled by the schedule on "
@@ -87,6 +91,43 @@ def report(kernel, schedule: Schedule, sizes: dict, shapes) -> str:
     if launch:
         rows.append(("registers", "per thread", "", f"at {launch['warps']} warps",
                      f"{launch['registers']} regs", "; ".join(_registers(c) for c in compiled)))
+    return "\n".join(lines + [_table(rows)])
+
+
+def mosaic_report(kernel, schedule: Schedule, env: dict, shapes, spec) -> str:
+    """A Mosaic GPU kernel: the schedule's levels beside the kernel Mosaic lowered (its CUDA
+    export, read on this machine): shared memory as the backend lays it out and as exported,
+    the consumer warpgroups' registers, the wgmma instructions and TMA copies."""
+    from napkin.lower.kernel import export_cuda
+    from napkin.lower.mosaic_module import ModuleFacts, mosaic_module
+    tiles = ", ".join(f"{t}={v}" for t, v in kernel.tiles.items()) or "none"
+    lines = [f"{kernel.name}: tiles {tiles}; modelled by the schedule on "
+             f"{schedule.hardware.name}, {schedule.dtype or 'own dtypes'}; "
+             f"written by Mosaic GPU: {'; '.join(spec.written.notes)}"]
+    try:
+        facts = ModuleFacts.read(mosaic_module(export_cuda(kernel, shapes,
+                                                           "NVIDIA H200")))
+    except NapkinError as e:
+        facts = None
+        lines.append(f"exported: not read: {e}")
+    smem = spec.written.smem
+    laid_out = ", ".join(f"{p} {b:,}" for p, b in smem.items() if b)
+    rows = [("level", "buffer", "shape", "role", "modelled B", "Mosaic")]
+    for lv in modelled(schedule, env):
+        rows.append((lv.name, "peak", "", "", f"{lv.peak:,}", ""))
+        if lv.name == "smem":
+            shown = f"{facts.shared_memory:,} B exported" if facts else ""
+            rows.append(("", "per block", "", "laid out by the backend",
+                         f"{sum(smem.values()):,}", f"{shown} ({laid_out})"))
+        rows += [("", name, shape, role, f"{nbytes:,}", "")
+                 for name, shape, role, nbytes in lv.buffers]
+    if facts:
+        regs = ", ".join(f"{k} {n}" for k, n in facts.setmaxnreg) or "not set (no pipeline)"
+        rows.append(("registers", "per thread", "", f"{facts.threads // 128} warpgroups",
+                     "", f"setmaxnreg {regs}"))
+        rows.append(("tensor cores", "wgmma", "", "", "", ", ".join(facts.wgmma_kinds)))
+        rows.append(("TMA", "copies", "", "", "", f"{facts.tma_loads} loads, "
+                                                  f"{facts.tma_stores} stores"))
     return "\n".join(lines + [_table(rows)])
 
 
