@@ -186,7 +186,7 @@ class LoweredProgram:
         if "triton" in written:
             head.append("from jax.experimental.pallas import triton as plt")
         if "mosaic" in written:  # with the helpers its kernels call, once
-            from napkin.lower.backends.mosaic_gpu import HELPERS
+            from napkin.lower.backends.mosaic_emit import HELPERS
             head += ["from jax.experimental.pallas import mosaic_gpu as plgpu", HELPERS]
         return "\n".join(head + [""] + parts + lines) + "\n"
 

@@ -54,7 +54,8 @@ import sympy
 from napkin.arrays import array_types
 from napkin.errors import NapkinError
 from napkin.lower.backends import Written, load_module
-from napkin.lower.emit import _NAME, LOW_PRECISION, Recorder, Var, Writer, dtype_name
+from napkin.lower.backends.mosaic_emit import HELPERS, MosaicRecorder, MosaicWriter, SmemRef
+from napkin.lower.emit import LOW_PRECISION, Var, dtype_name
 from napkin.ir import to_graph
 from napkin.lower.plan import BlockRules, KernelPlan, loop_boxes, tile_indices
 from napkin.primitives import EvalContext
@@ -72,7 +73,6 @@ REGISTERS_PER_SM = 65536    # 32-bit registers (Hopper)
 PRODUCER_REGISTERS = 40     # what the TMA-issuing warpgroup keeps (FA3, JAX's examples)
 MAX_CONSUMERS = 3           # the paper's derivation: at most 3 consumer warpgroups fit
 I32 = jax.ShapeDtypeStruct((), jnp.int32)
-FP8 = np.dtype(jnp.float8_e4m3fn)
 
 
 def consumer_registers(consumers: int) -> int:
@@ -189,216 +189,7 @@ def refusal(plan: KernelPlan) -> str:
     return ""
 
 
-# ------------------------------------------------------------------ the recording namespace
-class SmemRef(Var):
-    """An array in shared memory (a TMA-copied tile or chunk): a box reading it loads it into
-    registers (``ref[...]``); a contraction reads it in place."""
-
-    def __init__(self, writer, ref: str, aval):
-        super().__init__(writer, ref, aval, temp=False)
-        self.ref = ref
-
-    def __str__(self):
-        return f"{self.ref}[...]"
-
-
-class MosaicWriter(Writer):
-    """A Writer whose implicit broadcasts become ``lax.broadcast_in_dim`` (Mosaic GPU's
-    register layouts have no (n, 1) arrays to broadcast from)."""
-
-    def __init__(self, namespace=None):
-        super().__init__(namespace)
-        self.sizes = {}  # line -> values of the array it computes (the register estimate)
-
-    def let(self, expr, *args, name=None, aval=None, comment=None):
-        if aval is None:
-            aval = self._aval(expr, args)
-            shape = tuple(getattr(aval, "shape", ()))
-            inner = self.on_sources(expr, args, shape)
-            if inner is not None:  # an op on broadcastable values: on their sources
-                src, dims = inner
-                out = super().let(f"{{0}}.reshape({shape})", src, name=name, aval=aval,
-                                  comment=comment)
-                out.expanded = (src, dims)
-                return out
-            args = tuple(self.broadcast(a, shape) for a in args)
-        var = super().let(expr, *args, name=name, aval=aval, comment=comment)
-        shape = tuple(getattr(aval, "shape", ()))
-        self.sizes[var.line] = (math.prod(shape), shape)
-        return var
-
-    def live_indices(self) -> set:
-        """The lines :meth:`live_lines` keeps."""
-        kept, read = set(), set()
-        for i in range(len(self.lines) - 1, -1, -1):
-            if i in self.values and self.values[i] not in read:
-                continue
-            read.update(_NAME.findall(self.lines[i]))
-            kept.add(i)
-        return kept
-
-    def on_sources(self, expr, args, shape):
-        """An elementwise op whose array operands are all unit-axis expansions of arrays of
-        one shape (a row index minus a window): the op on those arrays, and where their
-        axes go — (result, dims) — so that the result broadcasts from it too."""
-        vars_ = [a for a in args if isinstance(a, Var) and a.ndim]
-        if not vars_ or not all(hasattr(a, "expanded") and a.shape == shape for a in vars_):
-            return None
-        srcs = {(a.expanded[0].shape, a.expanded[1]) for a in vars_}
-        if len(srcs) != 1:
-            return None
-        dims = vars_[0].expanded[1]
-        inner = self.let(expr, *[a.expanded[0] if isinstance(a, Var) and a.ndim else a
-                                 for a in args])
-        return inner, dims
-
-    def broadcast(self, x, shape):
-        if not isinstance(x, Var) or x.shape == shape or not x.shape or not shape:
-            return x
-        if len(x.shape) > len(shape) or np.broadcast_shapes(x.shape, shape) != shape:
-            return x  # a reduction's input, not a broadcast
-        src, dims = getattr(x, "expanded", (x, tuple(range(len(shape) - x.ndim, len(shape)))))
-        aval = jax.ShapeDtypeStruct(shape, x.dtype)
-        return super().let(f"lax.broadcast_in_dim({{0}}, {shape}, {dims})", src, aval=aval)
-
-
-class MosaicRecorder(Recorder):
-    """The Recorder with Mosaic GPU's spellings of broadcasts, positions and contractions."""
-
-    name = "pallas-mosaic-gpu"
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        plain = self.add
-
-        def add(a, b):
-            """state + a·b: the product accumulates into the state (wgmma's accumulator
-            initialised with it) instead of a fresh accumulator and an add."""
-            for acc, prod in ((a, b), (b, a)):
-                mma = getattr(prod, "mma", None)
-                if mma and isinstance(acc, Var) and acc.shape == prod.shape and \
-                        acc.dtype == np.float32 and not isinstance(acc, SmemRef):
-                    A, B, kind = mma
-                    return self.w.let(f"_mma_into{kind}({acc.name}, {A}, {B})",
-                                      aval=prod.aval)
-            return plain(a, b)
-        self.add = add
-
-    def reshape(self, x, shape):
-        """A reshape that only inserts unit axes remembers its source and where its axes
-        went, so that a broadcast of it is written from the source (MosaicWriter)."""
-        out = super().reshape(x, shape)
-        shape = tuple(int(s) for s in shape)
-        if out is not x and len(shape) > x.ndim:
-            dims, j = [], 0
-            for d, n in enumerate(shape):
-                if j < x.ndim and n == x.shape[j]:
-                    dims.append(d)
-                    j += 1
-                elif n != 1:
-                    break
-            else:
-                if j == x.ndim:
-                    out.expanded = (x, tuple(dims))
-        return out
-
-    def arange(self, n):
-        return self.w.let(f"lax.broadcasted_iota(jnp.int32, ({int(n)},), 0)")
-
-    def _dot(self, la, a, lb, b, out, batch, fa, fb, contracted, sizes, dt):
-        """One wgmma: A (M x K) from shared memory or registers, B (K x N) from shared
-        memory, both as stored or transposed; the result in an f32 accumulator."""
-        if dt not in LOW_PRECISION:
-            raise NapkinError(f"a {np.dtype(dt).name} matrix product: wgmma runs bf16 / f16 / "
-                              f"FP8 e4m3 here")
-        if dt == FP8 and not (isinstance(a, SmemRef) and isinstance(b, SmemRef)
-                              and a.dtype == b.dtype == FP8):
-            raise NapkinError(f"contraction {la},{lb}->{out}: an FP8 wgmma takes both operands "
-                              f"FP8 from shared memory")
-        if batch or len(la) != 2 or len(lb) != 2 or len(fa) != 1 or len(fb) != 1:
-            raise NapkinError(f"contraction {la},{lb}->{out}: wgmma takes one 2-D product "
-                              f"(no batch axes)")
-        a, b = self.astype(a, dt), self.astype(b, dt)
-        m, n = sizes[fa[0]], sizes[fb[0]]
-
-        def operand(x, order, want, which):
-            if isinstance(x, SmemRef):
-                return x.ref if order == want else f"{x.ref}.T"
-            if which == "B":
-                raise NapkinError(f"contraction {la},{lb}->{out}: its second operand is computed "
-                                  f"in the kernel; wgmma reads it from shared memory")
-            if order != want:
-                raise NapkinError(f"contraction {la},{lb}->{out}: a first operand in registers "
-                                  f"must be (M, K)")
-            return x.name
-        A = operand(a, la, fa[0] + contracted[0], "A")
-        B = operand(b, lb, contracted[0] + fb[0], "B")
-        helper = "_mma" if isinstance(a, SmemRef) else "_mma_registers"
-        c = self.w.let(f"{helper}({A}, {B}, ({m}, {n}))",
-                       aval=jax.ShapeDtypeStruct((m, n), jnp.float32))
-        c.mma = (A, B, "" if isinstance(a, SmemRef) else "_registers")
-        if out != fa[0] + fb[0]:
-            c = self.transpose(c, [1, 0])
-        c.origin = ("dot",)
-        return c
-
-
 # ------------------------------------------------------------------ the spelling
-HELPERS = '''
-_MODE = {"interpret": False}
-
-
-def _mma(a, b, shape):
-    """a @ b on the tensor cores (wgmma), both operands in shared memory."""
-    def run(acc):
-        plgpu.wgmma(acc, a, b)
-        return acc[...]
-    return pl.run_scoped(run, plgpu.ACC(shape, jnp.float32))
-
-
-def _mma_registers(a, b, shape):
-    """a @ b with ``a`` in registers (WGMMA layout), ``b`` in shared memory; interpret mode's
-    wgmma reads shared memory only, so there it is a plain dot."""
-    if _MODE["interpret"]:
-        return lax.dot_general(a, b[...], (((1,), (0,)), ((), ())),
-                               preferred_element_type=jnp.float32)
-    return _mma(a, b, shape)
-
-
-def _mma_into(acc, a, b):
-    """acc + a @ b, accumulated on the tensor cores into ``acc``'s registers (interpret
-    mode does not run an accumulator initialised from registers: a fresh one, and an add)."""
-    if _MODE["interpret"]:
-        return acc + _mma(a, b, acc.shape)
-
-    def run(acc_ref):
-        plgpu.wgmma(acc_ref, a, b)
-    return pl.run_state(run)(plgpu.ACC.init(acc))
-
-
-def _mma_into_registers(acc, a, b):
-    """acc + a @ b with ``a`` in registers (see _mma_registers)."""
-    if _MODE["interpret"]:
-        return acc + lax.dot_general(a, b[...], (((1,), (0,)), ((), ())),
-                                     preferred_element_type=jnp.float32)
-    return _mma_into(acc, a, b)
-
-
-def _transforms(block, dtype):
-    """Tiling and swizzling of a shared-memory block (its last dimension's bytes): for
-    matrices of 8-row tiles whose rows are 32 B or more (what wgmma and TMA swizzle)."""
-    if len(block) < 2 or block[-2] % 8 or block[-1] * jnp.dtype(dtype).itemsize < 32:
-        return ()
-    swizzle = plgpu.find_swizzle(block[-1] * jnp.dtype(dtype).itemsize * 8)
-    return (plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)),
-            plgpu.SwizzleTransform(swizzle))
-
-
-def _ignore(*args, **kwargs):
-    return None
-'''
-
-
 class _Spelling:
     def __init__(self, kernel, plan: KernelPlan, stages: int):
         self.k, self.plan, self.stages = kernel, plan, stages
