@@ -322,3 +322,58 @@ def test_a_mosaic_programs_module_runs_as_printed():
         args = [jnp.asarray(x, jnp.bfloat16) for x in xs]
         got = np.asarray(namespace["forward"](*args, interpret=True), np.float32)
         np.testing.assert_array_equal(got, np.asarray(k(*args, interpret=True), np.float32))
+
+
+def _flex_attention(q, k, v):  # a FlexAttention-style score_mod in plain jnp (the README's)
+    import jax
+    import jax.numpy as jnp
+    s = jnp.einsum("hqd,hxd->hqx", q, k) / jnp.sqrt(q.shape[-1])
+    s = 30.0 * jnp.tanh(s / 30.0)
+    i, j = jnp.arange(q.shape[1])[:, None], jnp.arange(k.shape[1])[None, :]
+    s = jnp.where(j <= i, s, -jnp.inf)
+    return jnp.einsum("hqx,hxd->hqd", jax.nn.softmax(s, axis=-1), v)
+
+
+def _user_algorithm(kind):
+    """(diagram, sizes searched at, shapes run at, float64 reference) of an algorithm a user
+    writes: from plain JAX, or with napkin.ops."""
+    import jax
+    import jax.numpy as jnp
+    if kind == "from_jax: soft-capped causal attention":
+        S = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)  # noqa: E731
+        d = napkin.from_jax(_flex_attention, S(2, 4096, 64), S(2, 4096, 64), S(2, 4096, 64),
+                            axes=["h q d", "h x d", "h x d"])
+        return d, d.sizes, [(2, 256, 64)] * 3, _flex_attention
+    q, x, dd = napkin.axes("q x d")
+    from napkin import ops
+
+    @napkin.algorithm(Q=(q, dd), K=(x, dd), V=(x, dd), bias=(x,))
+    def sigmoid_attention(Q, K, V, bias):
+        return ops.contract(ops.sigmoid(ops.add(ops.contract(Q, K, out=(q, x)), bias)), V,
+                            out=(q, dd))
+    return (sigmoid_attention, {"q": 4096, "x": 4096, "d": 64},
+            [(128, 64), (256, 64), (256, 64), (256,)],
+            lambda Q, K, V, b: jax.nn.sigmoid(Q @ K.T + b) @ V)
+
+
+@pytest.mark.parametrize("kind", ["from_jax: soft-capped causal attention",
+                                  "napkin.ops: sigmoid attention with a per-key bias"])
+def test_algorithms_users_write_run_on_mosaic(kind):
+    """Algorithms not in the library go through the same backend: searched, lowered with two
+    consumer warpgroups, exported with shared memory as counted, and equal to float64."""
+    import jax
+    import jax.numpy as jnp
+    diagram, searched_at, shapes, reference = _user_algorithm(kind)
+    r = napkin.optimize(diagram, hardware="h200", sizes=searched_at, dtype="bf16")
+    k = lower(r.program, {**r.tiles, "g_q": 128, "s_x": 64}, backend="mosaic", dtype="bf16",
+              schedule=r.schedule)
+    spec = k.plan(*shapes)
+    assert "rows: 2 consumer warpgroups of 64 q each" in spec.notes
+    assert facts_of(k, shapes).shared_memory == sum(spec.written.smem.values())
+    if mg.interpret_supported():
+        rng = np.random.default_rng(5)
+        xs = [jnp.asarray(rng.normal(size=s) * 0.5, jnp.bfloat16) for s in shapes]
+        got = np.asarray(k(*xs, interpret=True), np.float64)
+        with jax.enable_x64(True):
+            want = np.asarray(reference(*[jnp.asarray(v, jnp.float64) for v in xs]))
+        assert np.max(np.abs(got - want)) <= 2e-2 * np.max(np.abs(want))
