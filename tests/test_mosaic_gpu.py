@@ -377,3 +377,14 @@ def test_algorithms_users_write_run_on_mosaic(kind):
         with jax.enable_x64(True):
             want = np.asarray(reference(*[jnp.asarray(v, jnp.float64) for v in xs]))
         assert np.max(np.abs(got - want)) <= 2e-2 * np.max(np.abs(want))
+
+
+@pytest.mark.parametrize("case", ["causal", "sliding window"])
+def test_masks_run_only_where_they_mask(case):
+    """Chunks a causal / window mask keeps whole for every row of a consumer skip the mask
+    (a lax.cond whose kept branch is the identity); the interpret-mode test above runs both
+    branches against the reference."""
+    _, k, shapes = kernel_for(case)
+    src = k.source(*shapes)
+    assert "lax.cond(" in src and "lambda v: v" in src
+    assert any("the masks apply only in chunks" in n for n in k.plan(*shapes).notes)

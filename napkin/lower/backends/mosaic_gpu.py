@@ -31,7 +31,8 @@ more than one stream, rows that do not split into 64-row warpgroups, a state tha
 a consumer's registers; and, while writing, a contraction whose second operand is computed
 in the kernel (wgmma reads it from shared memory).  ``backend="auto"`` then falls back to
 Triton with that reason.  Tile skipping (causal, sliding windows) is the pipeline's number of
-steps per program (a dynamic grid), with the chunk index offset by the first kept chunk.
+steps per program (a dynamic grid), with the chunk index offset by the first kept chunk, and
+the masks run only in chunks they do not keep whole for the consumer's rows (``lax.cond``).
 
 Interpret mode (``plgpu.InterpretGPUParams``, jax >= 0.11) runs the same module on a CPU,
 ~100x slower than Triton's; its wgmma reads shared memory only and takes no accumulator
@@ -271,16 +272,51 @@ class _Spelling:
         return int(math.prod(shape)) * np.dtype(dtype).itemsize
 
     # -------------------------------------------------------------- the body
-    def run(self, diagram, ctx, wires):
+    def run(self, diagram, ctx, wires, step=False):
+        """Evaluate ``diagram`` box by box, writing code (``step``: the stream's update)."""
         def apply(box, args):
-            if getattr(box.spec, "kind", None) == "stream":
+            kind = getattr(box.spec, "kind", None)
+            if kind == "stream":
                 return self.stream(box, ctx, args)
+            if step and kind == "mask" and self.skippable(box):
+                return [self.mask_where_needed(box, ctx, args)]
             out = list(box.spec.evaluate(ctx, tuple(array_types(box.dom)),
                                          tuple(array_types(box.cod)), *args))
             for var, ob in zip(out, box.cod.inside):
                 self.w.rename(var, ob.name)
             return out
         return fold_boxes(diagram, wires, apply)
+
+    def skippable(self, box) -> bool:
+        """A causal / window mask over the stream's axis whose tile skipping the plan knows
+        (its kept keys per row are the SkipPlan's [row + low, row + high))."""
+        skip = self.stream_plan.skip
+        return skip is not None and box.spec.kind_ in ("causal", "window") and \
+            box.spec.k == self.stream_plan.axis and box.spec.q == skip.query
+
+    def mask_where_needed(self, box, ctx, args):
+        """The mask applied only in a chunk it does not keep whole for every row of this
+        consumer (``lax.cond``): most chunks of a long causal row are below the diagonal,
+        where the mask is the identity (Triton's spelling runs them in a loop of their own)."""
+        skip, sp, w = self.stream_plan.skip, self.stream_plan, self.w
+        x, ins = args[0], array_types(box.dom)
+        names = ins[0].names
+        rows, keys = x.shape[names.index(skip.query)], x.shape[names.index(sp.axis)]
+        r0, k0 = ctx.offsets.get(skip.query, 0), ctx.offsets[sp.axis]
+        size = skip.tile.size if skip.tile is not None else self.plan.sizes[skip.query]
+        kept = f"({k0} + {keys - 1} < {r0} + {skip.high})"
+        if skip.low is not None:
+            kept += f" & ({k0} >= jnp.minimum({r0} + {rows - 1}, {size - 1}) + {skip.low})"
+        fn = w.fresh(f"{box.spec.kind_}_mask")
+        inner = Var(w, w.fresh(getattr(x, "name", "x")), x.aval, temp=False)
+        w.line(f"def {fn}({inner.name}):")
+        w.indent()
+        (out,) = box.spec.evaluate(ctx, tuple(ins), tuple(array_types(box.cod)), inner,
+                                   *args[1:])
+        w.line(f"return {out}")
+        w.dedent()
+        return w.let(f"lax.cond({kept}, lambda v: v, {fn}, {{0}})", x, aval=x.aval,
+                     name=box.cod.inside[0].name)
 
     def stream(self, box, ctx, args):
         spec, sp = box.spec, self.stream_plan
@@ -330,7 +366,8 @@ class _Spelling:
         offsets = dict(ctx.offsets)
         offsets[ax] = start
         first = len(w.lines)
-        new = self.run(spec.update, EvalContext(env, offsets, self.xp), st_in + chunk_args)
+        new = self.run(spec.update, EvalContext(env, offsets, self.xp), st_in + chunk_args,
+                       step=True)
         outs = []
         for var, init in zip(new, state):
             if var.dtype != init.dtype:
@@ -593,7 +630,8 @@ class _Spelling:
         w.line(f"{hi} = jnp.where({empty}, {sp.chunks}, ({b1} + {s - 1}) // {s})"
                f".astype(jnp.int32)")
         self.notes.append(f"stream {sp.axis}: tile skipping (the pipeline's steps per "
-                          f"program from the {'/'.join(skip.kinds)} masks)")
+                          f"program from the {'/'.join(skip.kinds)} masks); the masks apply "
+                          f"only in chunks they do not keep whole")
         return lo, hi
 
     def visited(self) -> int:
