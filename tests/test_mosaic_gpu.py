@@ -389,3 +389,16 @@ def test_masks_run_only_where_they_mask(case):
     src = k.source(*shapes)
     assert "lax.cond(" in src and "lambda v: v" in src
     assert any("the masks apply only in chunks" in n for n in k.plan(*shapes).notes)
+
+
+@pytest.mark.parametrize("backend", ["triton", "mosaic"])
+def test_a_compiled_call_without_a_gpu_is_one_line(backend):
+    import jax
+    import jax.numpy as jnp
+    if jax.devices()[0].platform == "gpu":
+        pytest.skip("this machine has a GPU")
+    _, k, shapes = kernel_for("attention")
+    kk = lower(k.program, k.tiles, backend=backend, dtype="bf16", schedule=k.schedule)
+    with pytest.raises(NapkinError, match="a compiled kernel runs on a GPU and this machine's "
+                                          "device is cpu: pass interpret=True"):
+        kk(*[jnp.ones(s, jnp.bfloat16) for s in shapes], interpret=False)

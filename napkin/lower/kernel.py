@@ -92,6 +92,17 @@ class Specialised:
                               f"{self.plan.gpu_refusal}")
         if any(isinstance(x, jax.core.Tracer) for x in operands):  # inside jit / vmap / grad
             return self.written.forward(*operands, interpret=bool(interpret))
+        platform = jax.devices()[0].platform
+        if not interpret and platform != "gpu":
+            raise NapkinError(f"{self.plan.name}: a compiled kernel runs on a GPU and this "
+                              f"machine's device is {platform}: pass interpret=True (napkin run: "
+                              f"--interpret on or auto)")
+        if interpret and self.written.backend == "mosaic":
+            from napkin.lower.backends.mosaic_gpu import interpret_supported
+            if not interpret_supported():
+                raise NapkinError(f"{self.plan.name}: interpret mode of the Mosaic GPU backend "
+                                  f"needs plgpu.InterpretGPUParams (jax >= 0.11); "
+                                  f"backend='triton' interprets anywhere")
         return self.written.calls[bool(interpret)](*operands, interpret=bool(interpret))
 
 
