@@ -402,3 +402,18 @@ def test_a_compiled_call_without_a_gpu_is_one_line(backend):
     with pytest.raises(NapkinError, match="a compiled kernel runs on a GPU and this machine's "
                                           "device is cpu: pass interpret=True"):
         kk(*[jnp.ones(s, jnp.bfloat16) for s in shapes], interpret=False)
+
+
+def test_f16_kernels_run_f16_wgmma():
+    r = napkin.optimize("causal_attention", hardware="h200", sizes={"q": 128, "x": 256, "d": 64},
+                        dtype="f16")
+    k = lower(r.program, {**r.tiles, "g_q": 64, "s_x": 64}, backend="mosaic", dtype="f16",
+              schedule=r.schedule)
+    shapes = [(128, 64), (256, 64), (256, 64)]
+    assert facts_of(k, shapes).wgmma_kinds == ("m64n64k16.f32.f16.f16",)
+    if mg.interpret_supported():
+        alg = get("causal_attention")
+        xs = alg.sample(np.random.default_rng(8), {"q": 128, "x": 256, "d": 64})
+        want = np.asarray(alg.reference(*xs), np.float64)
+        got = np.asarray(k(*xs, interpret=True), np.float64)
+        assert np.max(np.abs(got - want)) <= 5e-3 * np.max(np.abs(want))
