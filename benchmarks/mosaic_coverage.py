@@ -25,12 +25,11 @@ def check(name: str) -> str:
     k = r.kernel("mosaic")
     shapes = [tuple(r.sizes[a.name] for a in t.axes) for t in array_types(r.program.dom)]
     try:
-        plan = k.plan(*shapes)
+        parts = [(part, s, part.plan(*s)) for part, s in k.parts(shapes)]
     except NapkinError as e:
         return f"refuses: {str(e).split('cannot write it: ', 1)[-1]}"
-    steps = plan.steps if hasattr(plan, "steps") else [(k, shapes, plan)]
     lines = []
-    for part, part_shapes, spec in steps:
+    for part, part_shapes, spec in parts:
         try:
             text = export_cuda(part, part_shapes, "NVIDIA H200")
         except NapkinError as e:

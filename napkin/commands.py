@@ -377,11 +377,10 @@ def _on_gpu() -> bool:
 def written_by(kernel, shapes) -> str:
     """Which backend wrote each of the kernel's launches, and why not Mosaic where the
     default chose Triton."""
-    plan = kernel.plan(*shapes)
-    specs = [spec for _, _, spec in plan.steps] if hasattr(plan, "steps") else [plan]
     names = {"triton": "Triton", "mosaic": "Mosaic GPU"}
     out = []
-    for spec in specs:
+    for part, part_shapes in kernel.parts(shapes):
+        spec = part.plan(*part_shapes)
         why = next((n.split(": ", 1)[1] for n in spec.written.notes if n.startswith("backend: ")),
                    None)
         out.append(why or f"{names.get(spec.written.backend, spec.written.backend)}")
@@ -513,9 +512,9 @@ def _run(args) -> int:
     opt = optimized(args, name, diagram, sizes=full, max_states=args.max_states,
                     max_seconds=args.max_seconds)
     opt = opt.fit(sizes) if small and full != sizes else opt  # (searched at these: as found)
-    opt = opt.with_tiles(parse_sizes(args.tile, "--tile", "TILE"))
-    print("chain: " + " → ".join(str(m) for m in opt.chain))
     chosen = parse_sizes(args.tile, "--tile", "TILE")
+    opt = opt.with_tiles(chosen)
+    print("chain: " + " → ".join(str(m) for m in opt.chain))
     print("tiles: " + ", ".join(f"{k}={v}" + (" (--tile)" if k in chosen else "")
                                 for k, v in opt.tiles.items())
           + f"; modelled time {opt.search.best.time_s:.3g} s ({opt.search.best.bound_by}-bound"

@@ -254,7 +254,7 @@ def traffic(kernel, shapes) -> Traffic:
     structs = kernel.abstract(shapes)
     spec = kernel.plan(*structs)
     plan = spec.plan
-    if spec.written.backend == "mosaic":  # TMA copies: the backend's own count (no walk)
+    if spec.written.copies is not None:  # the backend's own count (Mosaic's TMA): no walk
         reads, writes = spec.written.copies
         return Traffic(dict(reads), dict(writes), tuple(plan.launch_shape))
     closed = jax.make_jaxpr(lambda *xs: kernel(*xs, interpret=False))(*structs)

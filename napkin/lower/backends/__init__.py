@@ -44,6 +44,8 @@ class Written:
     backend: str = ""       # the backend that wrote it ("triton", "mosaic")
     smem: dict = field(default_factory=dict)  # shared memory by purpose, where the backend
     # lays it out itself (Mosaic GPU), bytes
+    copies: tuple | None = None  # (reads, writes): HBM bytes per array, where the backend
+    # counts its own copies (Mosaic GPU's TMA) instead of napkin.lower.traffic walking them
 
 
 def get_backend(name: str | None = None):

@@ -738,10 +738,9 @@ class _Spelling:
         source = "\n".join(head) + HELPERS + "\n\n" + definitions
         forward, calls = load_module(source, k, "mosaic")
         launch = {"num_stages": self.stages, "consumer_warpgroups": self.split.consumers}
-        written = Written(source, forward, calls, launch, list(self.notes),
-                          definitions=definitions, backend="mosaic", smem=dict(self.smem))
-        written.copies = self.copies()
-        return written
+        return Written(source, forward, calls, launch, list(self.notes),
+                       definitions=definitions, backend="mosaic", smem=dict(self.smem),
+                       copies=self.copies())
 
     def copies(self) -> tuple[dict, dict]:
         """HBM bytes each array's TMA copies move over the whole grid (reads, writes): a
