@@ -563,8 +563,9 @@ class Recorder:
             (la, a), (lb, b) = operands[0], operands[1]
             rest = "".join(l for l, _ in operands[2:]) + out
             keep = "".join(c for c in dict.fromkeys(la + lb) if c in rest)
-            operands = [(keep, self._contract2(la, a, lb, b, keep if len(operands) > 2 else out,
-                                               sizes, dt))] + operands[2:]
+            if len(operands) == 2:  # the last pair is contracted straight into out's order
+                keep = out
+            operands = [(keep, self._contract2(la, a, lb, b, keep, sizes, dt))] + operands[2:]
         (la, a), = operands
         summed = tuple(i for i, c in enumerate(la) if c not in out)
         if summed:
