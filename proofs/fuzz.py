@@ -412,3 +412,81 @@ def check_chain(alg: Algorithm, programs, chain, ch: Chooser, special: bool = Tr
 def describe(alg: Algorithm, chain) -> str:
     steps = "; ".join(f"{r} {dict(p)} at {s}" for r, s, p in chain)
     return f"algorithm [{', '.join(alg.description)}] chain [{steps}]"
+
+
+# ----------------------------------------------------------------------------- kernels
+KERNEL_TILES = (1, 2, 4, 8, 16, 64)  # powers of two (Triton's blocks); above an axis at times
+KERNEL_RTOL = 1e-4                   # an f32 kernel against the float64 meaning
+
+
+def check_kernel(alg: Algorithm, program, chain, ch: Chooser, sizes: dict | None = None,
+                 tiles: dict | None = None, stats: dict | None = None) -> list[Finding]:
+    """Lower ``program`` (Triton, interpret mode, f32) at small ragged sizes and random
+    power-of-two tiles — some larger than their axis — and compare the kernel with the
+    algorithm's float64 meaning on finite inputs (or, where float32 cannot represent the
+    way there, with the program's own float32 meaning).  A lowering may refuse (one line, a
+    NapkinError; ``stats["refused"]`` collects the lines); it may never be silently wrong: a
+    kernel that runs must agree."""
+    import jax
+    from napkin.certificate import size_symbols
+    from napkin.lower import lower
+    sizes = sizes or {n: ch.choice(SIZES + (6, 9, 12)) for n in sorted(size_symbols(alg.diagram))}
+    tiles = tiles or {name: ch.choice(KERNEL_TILES)
+                      for name in tile_values(program, sizes, ch)}
+    xs = random_inputs(alg.diagram, sizes, ch, special=False)
+    try:
+        want = evaluate(alg.diagram, sizes, xs)
+    except Exception as e:  # noqa: BLE001 - the generator made an algorithm that does not run
+        return [Finding("evaluate", f"the algorithm itself fails: {type(e).__name__}: {e}", [])]
+    where = f"at sizes {sizes}, tiles {tiles}"
+    try:
+        kernel = lower(program, tiles, backend="triton", interpret=True, dtype="f32")
+        got = kernel(*[np.asarray(x, np.float32) if np.asarray(x).dtype.kind == "f" else x
+                       for x in xs])
+    except NapkinError as e:
+        if stats is not None:
+            stats.setdefault("refused", []).append(str(e))
+        return []  # refused in one line: allowed
+    except Exception as e:  # noqa: BLE001 - never a traceback from inside JAX
+        return [Finding("kernel", f"{where}: {type(e).__name__}: {str(e)[:300]}", chain)]
+    if stats is not None:
+        stats["ran"] = stats.get("ran", 0) + 1
+    got = [np.asarray(jax.device_get(g), np.float64)
+           for g in (got if isinstance(got, tuple) else (got,))]
+    why = compare(got, want, KERNEL_RTOL)
+    if why and compare(got, _in_f32(program, {**sizes, **tiles}, xs), KERNEL_RTOL) is None:
+        why = None  # the program's own f32 meaning: a mask's fill of −1e30 squared overflows
+    return [Finding("kernel", f"{where}: {why}", chain)] if why else []
+
+
+def _in_f32(diagram, sizes, xs):
+    """The meaning evaluated in float32 (what f32 arithmetic can give at best)."""
+    import jax
+    from napkin.semantics import evaluate as meaning
+    y = jax.jit(meaning(diagram, sizes))(*[np.asarray(x, np.float32)
+                                          if np.asarray(x).dtype.kind == "f" else x for x in xs])
+    return [np.asarray(v, np.float64) for v in (y if isinstance(y, tuple) else (y,))]
+
+
+SEARCH_SIZES = (64, 256, 1024)
+
+
+def check_searched(alg: Algorithm, ch: Chooser, max_states: int = 300,
+                   stats: dict | None = None) -> list[Finding]:
+    """The search's own program for ``alg`` at large sizes, shrunk by ``Optimized.fit`` to
+    small ragged ones and lowered (:func:`check_kernel`): what a user runs after a search."""
+    from napkin.certificate import size_symbols
+    from napkin.pipeline import optimize
+    names = sorted(size_symbols(alg.diagram))
+    big = {n: ch.choice(SEARCH_SIZES) for n in names}
+    try:
+        found = optimize(alg.diagram, sizes=big, dtype="f32", max_states=max_states,
+                         max_seconds=20.0)
+    except NapkinError as e:
+        if stats is not None:
+            stats.setdefault("unsearched", []).append(str(e))
+        return []
+    small = found.fit({n: ch.choice(SIZES + (6, 9, 12)) for n in names})
+    chain = [(m.rule, m.site, m.params_dict) for m in found.chain]
+    return check_kernel(alg, small.program, chain, ch, sizes=small.sizes, tiles=small.tiles,
+                        stats=stats)

@@ -42,7 +42,7 @@ import sympy
 from napkin.arrays import array_types, canonical_dtype
 from napkin.errors import NapkinError, ShapeError
 from napkin.lower.backends import DEFAULT, Written, get_backend
-from napkin.lower.plan import KernelPlan, Planner, loop_boxes, peel
+from napkin.lower.plan import KernelPlan, Planner, kernel_unlowerable, loop_boxes, peel
 from napkin.primitives import FLOATING, JNP_DTYPES
 
 
@@ -149,6 +149,9 @@ class LoweredKernel:
         self.name = name or getattr(program, "name", None) or "program"
         if not isinstance(self.name, str) or not self.name.isidentifier():
             self.name = "program"
+        why = kernel_unlowerable(program)
+        if why:  # the search's premise is the lowering's too: refuse, never write it wrong
+            raise NapkinError(f"{self.name}: no kernel backend writes this program: {why}")
         self.structure = peel(program)
         self.in_types = array_types(program.dom)
         self.out_types = array_types(program.cod)
@@ -172,10 +175,11 @@ class LoweredKernel:
     # ------------------------------------------------------------ sizes
     def size_of(self, size, what: str, extent: int | None = None) -> int:
         """The value of a tile or chunk ``size``.  With the ``extent`` it tiles (at concrete
-        shapes): the size the kernel writes — the value itself when the backend's blocks take
-        it, else, for a tile that covers the whole extent (one tile: the search offers the
-        axis's own size), the least block the backend takes above the extent (the tile
-        overhangs the array and is masked); any other size is refused."""
+        shapes): the size the kernel writes — for a tile that covers the whole extent (one
+        tile: the search offers the axis's own size; ``fit`` may leave a larger one), the
+        least block the backend takes over the extent (the tile overhangs the array and is
+        masked); else the value itself when the backend's blocks take it; any other size is
+        refused."""
         if isinstance(size, (int, np.integer)) or getattr(size, "is_Integer", False):
             value = int(size)
             name = f"{what} size"
@@ -185,10 +189,12 @@ class LoweredKernel:
                 raise NapkinError(f"{what}: no tile size for {sym} (pass tiles={{'{sym}': 64}})")
             value, name = int(self.tiles[sym]), f"tile {sym}"
         rules = self.backend.rules
+        if extent is not None and value >= extent:
+            # one tile covers the extent: the least block the backend takes over it (a
+            # larger one would pad the axis past what its whole blocks elsewhere hold)
+            return rules.block(extent, 1)
         if extent is None or rules.size_ok(value):
             return value
-        if value >= extent:
-            return rules.block(extent, 1)
         raise NapkinError(f"{name}={value} must be a power of two for the {rules.name} backend "
                           f"(or cover the whole axis, {extent})")
 

@@ -131,29 +131,44 @@ def unlowerable(program, sizes: dict | None = None, rules: BlockRules | None = N
     cannot take is padded and masked: no size is a reason."""
     g = view(program)  # each top-level box is a kernel
     for box in (g.nodes[n]["box"] for n in op_order(g)):
-        why = _kernel_unlowerable(box, sizes, rules)
+        why = kernel_unlowerable(box)
         if why:
             return why
     return ""
 
 
-def _kernel_unlowerable(kernel, sizes, rules) -> str:
+def kernel_unlowerable(kernel) -> str:
+    """Why no backend writes the one kernel ``kernel`` is ("" when one can)."""
     try:
         structure = peel(kernel)
     except NapkinError as e:
         return str(e)
     if any(g.level == "gmem" for g in structure.groups):
         return "a group at gmem (sequential launches) has no kernel spelling"
+    cut = []
+    for spec in structure.groups:
+        if spec.axis in cut:
+            return _twice(spec, "group")
+        cut.append(spec.axis)
     body = structure.body
-    return _writable(body, set(range(len(body.dom))), set(range(len(body.cod))))
+    return _writable(body, set(range(len(body.dom))), set(range(len(body.cod))), frozenset(cut))
 
 
-def _writable(diagram, refs: set, stored: set) -> str:
+def _twice(spec, enclosing: str) -> Refusal:
+    """A loop over an axis an enclosing loop already cuts: every array plan indexes an axis
+    by one grid dimension or one loop, so a tile of a tile has no spelling (and rules only
+    nest deeper: no derived program loses it)."""
+    return Refusal(f"{spec.kind} {spec.axis} inside a {enclosing} over {spec.axis}: an axis cut "
+                   f"twice in one kernel (a tile of a tile) has no kernel spelling", final=True)
+
+
+def _writable(diagram, refs: set, stored: set, cut: frozenset = frozenset()) -> str:
     """Why a kernel cannot write ``diagram`` ("" when it can).  ``refs``: the input positions
     still in HBM (kernel inputs, or their tiles); ``stored``: the output positions that go
-    straight to the kernel's outputs.  A group's loop inside the kernel tiles what it reads
-    from HBM (a value computed in the kernel has no tiles to load; a stream's chunks of one
-    are its equal parts) and writes its outputs straight to the kernel's."""
+    straight to the kernel's outputs; ``cut``: the axes the enclosing grid and loops cut.  A
+    group's loop inside the kernel tiles what it reads from HBM (a value computed in the
+    kernel has no tiles to load; a stream's chunks of one are its equal parts) and writes its
+    outputs straight to the kernel's."""
     g = view(diagram)
     ref_values = {g.graph["inputs"][i] for i in refs}
     store_values = {g.graph["outputs"][j] for j in stored}
@@ -162,6 +177,8 @@ def _writable(diagram, refs: set, stored: set) -> str:
         box, spec = node["box"], node["box"].spec
         if spec.kind not in ("stream", "group"):
             continue
+        if spec.axis in cut:
+            return _twice(spec, "loop or group")
         types = [g.nodes[v]["ob"] for v in node["ins"]]
         for v, ob in zip(node["ins"], types):
             if spec.kind == "group" and ob.type.has(spec.axis) and v not in ref_values:
@@ -175,12 +192,14 @@ def _writable(diagram, refs: set, stored: set) -> str:
                 return Refusal(f"{box.name}: a group inside the kernel body whose outputs the "
                                f"kernel reads again; its loop writes them straight to the "
                                f"kernel's outputs", final=True)
-            why = _writable(spec.body, inner_refs, set(range(len(node["outs"]))))
+            why = _writable(spec.body, inner_refs, set(range(len(node["outs"]))),
+                            cut | {spec.axis})
         else:
             k = spec.n_state
             chunked = {k + j for j in inner_refs if types[j].type.has(spec.axis)}
-            why = _writable(spec.update, chunked, set()) or _writable(spec.init, set(), set()) \
-                or _writable(spec.finalize, set(), {j for j, ok in enumerate(outs) if ok})
+            why = _writable(spec.update, chunked, set(), cut | {spec.axis}) \
+                or _writable(spec.init, set(), set(), cut) \
+                or _writable(spec.finalize, set(), {j for j, ok in enumerate(outs) if ok}, cut)
         if why:
             return why
     return ""
@@ -546,7 +565,7 @@ class Planner:
         for s in [*streams.values(), *inner.values()]:  # the largest cut of an axis sets
             chunks[s.axis] = max(chunks.get(s.axis, 1), s.chunk)  # its block
         inputs = self.inputs(chunks)
-        outputs = self.outputs()
+        outputs = self.outputs({s.axis: s.chunk for s in inner.values()})
         for a, block in self.padded.items():
             self.notes.append(f"axis {a}={self.sizes.get(a)}: padded to {block} in every block, "
                               f"masked")
@@ -624,7 +643,9 @@ class Planner:
                                  streamed, whole, self.squeezed_of(t)))
         return out
 
-    def outputs(self) -> list:
+    def outputs(self, tiles: dict) -> list:
+        """``tiles``: the tile of every axis a loop inside the body groups (its tiles are
+        stored straight to the outputs: their blocks hold the last tile's overhang)."""
         k = self.k
         body_outs = array_types(self.st.body.cod)
         labels = [ob.name for ob in self.st.body.cod.inside]
@@ -640,6 +661,10 @@ class Planner:
                 if a in self.gaxes:
                     block.append(self.grid[self.gaxes[a]].tile)
                     index.append(self.gaxes[a])
+                elif a in tiles:
+                    padded = self.rules.block(n, tiles[a])
+                    block.append(self.pad(a, n, padded) if padded != n else n)
+                    index.append(None)
                 else:
                     block.append(self.whole(a, n))
                     index.append(None)

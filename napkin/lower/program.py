@@ -82,8 +82,9 @@ class LoweredProgram:
         self.kernels: list = []          # one per distinct top-level box, in launch order
         self._by_box: dict = {}
         for i, box in enumerate(boxes):
-            if id(box) in self._by_box:
-                continue  # the same kernel twice in a program (two identical layers)
+            if id(box) in self._by_box or not len(box.cod):
+                continue  # the same kernel twice (two identical layers), or one whose every
+                # output the program discards: it computes nothing anyone reads
             own = {**launch, **(launches[i] if launches else {})}
             stages = own.get("num_stages")
             k = LoweredKernel(box, tiles, backend=backend, interpret=interpret, dtype=dtype,
@@ -128,6 +129,8 @@ class LoweredProgram:
             sizes = bind_sizes(self.in_types, dummies, names=self.in_names)
 
             def apply(box, args):
+                if not len(box.cod):
+                    return []
                 k = self.kernel_of(box).bound(sizes)  # (its sizes and the program's)
                 spec = k.plan(*args)
                 steps.append((k, list(args), spec))
@@ -164,6 +167,8 @@ class LoweredProgram:
         count = iter(range(10 ** 6))
 
         def apply(box, args):
+            if not len(box.cod):
+                return []
             k = self.kernel_of(box)
             r = f"r{next(count)}"
             ins = [args[p] for p in k.structure.in_map]
@@ -203,6 +208,8 @@ class LoweredProgram:
         steps = iter(self.plan(*[np.shape(a) for a in arrays]).steps)
 
         def apply(box, args):
+            if not len(box.cod):
+                return []
             out = next(steps)[0](*args, interpret=mode)  # the kernels, in their order
             return list(out) if isinstance(out, tuple) else [out]
         result = fold_boxes(self.program, list(arrays), apply)
