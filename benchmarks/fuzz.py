@@ -2,6 +2,8 @@
 
     python benchmarks/fuzz.py --chains 10000 --jobs 2
     python benchmarks/fuzz.py --replay 1234          # one seed, with its findings
+    python benchmarks/fuzz.py --kernels --chains 2000  # and lower every chain's program
+    python benchmarks/fuzz.py --searched --seeds 300   # the search's programs, fitted small
 
 Each seed builds one random algorithm (proofs/fuzz.py: the public primitives,
 axis names that collide with default tiles, symbolic and integer sizes, now and
@@ -12,7 +14,12 @@ rewritten program (every one for a quarter of the seeds, the last one for the
 others) at ragged, prime and size-1 sizes on inputs with ±1e4, −∞, NaN and rows
 of −∞ (or, one seed in four, plain normal inputs).  A finding is a move
 whose premises passed but whose rewrite failed, a rewritten program that does
-not evaluate, or one that differs from its algorithm.  The table gives counts
+not evaluate, or one that differs from its algorithm.  ``--kernels`` also lowers the
+chain's last program (Triton, interpret mode, f32) at small ragged sizes and random
+power-of-two tiles, some over their axis, and compares the kernel with the float64
+meaning (proofs/fuzz.check_kernel: a refusal in one line is allowed, a wrong kernel or
+a traceback is a finding); ``--searched`` does the same for the search's own program
+at large sizes, shrunk by ``Optimized.fit`` (proofs/fuzz.check_searched).  The table gives counts
 and ratios; ``--json`` writes every finding with its seed for replay.
 """
 from __future__ import annotations
@@ -28,10 +35,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_seed(seed: int) -> dict:
+def run_seed(seed: int, kernels: bool = False, searched: bool = False) -> dict:
     from proofs import fuzz
     ch = fuzz.RandomChooser(seed)
-    out = {"seed": seed, "chain": 0, "steps": 0, "refused": 0, "rules": {}, "findings": []}
+    out = {"seed": seed, "chain": 0, "steps": 0, "refused": 0, "rules": {}, "findings": [],
+           "kernels": 0, "kernels_refused": 0}
     try:
         alg = fuzz.random_algorithm(ch)
     except Exception as e:  # noqa: BLE001 - a generator failure is reported, not hidden
@@ -40,6 +48,12 @@ def run_seed(seed: int) -> dict:
     programs, chain, findings, refused = fuzz.random_chain(alg, ch)
     findings += fuzz.check_chain(alg, programs, chain, ch, special=seed % 4 != 0,
                                  every_step=seed % 4 == 1)
+    stats: dict = {}
+    if kernels and programs:
+        findings += fuzz.check_kernel(alg, programs[-1], chain, ch, stats=stats)
+    if searched:
+        findings += fuzz.check_searched(alg, ch, stats=stats)
+    out.update(kernels=stats.get("ran", 0), kernels_refused=len(stats.get("refused", [])))
     out.update(chain=int(bool(chain)), steps=len(chain), refused=refused,
                rules=dict(collections.Counter(r for r, _, _ in chain)))
     out["findings"] = [{"kind": f.kind, "detail": f.detail,
@@ -47,11 +61,9 @@ def run_seed(seed: int) -> dict:
     return out
 
 
-def _worker(seeds):
+def _worker(seeds, kernels=False, searched=False):
     sys.path.insert(0, str(ROOT))
-    import jax
-    jax.config.update("jax_enable_x64", True)
-    return [run_seed(s) for s in seeds]
+    return [run_seed(s, kernels, searched) for s in seeds]
 
 
 def main(argv=None) -> int:
@@ -64,9 +76,14 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=50, help="seeds per task")
     p.add_argument("--json", metavar="PATH", help="write the totals and every finding here")
     p.add_argument("--replay", type=int, metavar="SEED", help="run one seed and print it")
+    p.add_argument("--kernels", action="store_true",
+                   help="also lower each chain's program and compare the kernel")
+    p.add_argument("--searched", action="store_true",
+                   help="also lower the search's program for each algorithm, fitted small")
     args = p.parse_args(argv)
+    flags = (args.kernels, args.searched)
     if args.replay is not None:
-        print(json.dumps(_worker([args.replay])[0], indent=2))
+        print(json.dumps(_worker([args.replay], *flags)[0], indent=2))
         return 0
     t0 = time.perf_counter()
     totals = collections.Counter()
@@ -79,14 +96,16 @@ def main(argv=None) -> int:
         def submit():
             nonlocal next_seed
             pending.append(pool.apply_async(_worker, (list(range(next_seed,
-                                                                 next_seed + args.batch)),)))
+                                                                 next_seed + args.batch)),
+                                                      *flags)))
             next_seed += args.batch
         for _ in range(2 * args.jobs):
             if args.seeds is None or next_seed < args.seed + args.seeds:
                 submit()
         while pending:
             for r in pending.pop(0).get():
-                totals.update(seeds=1, chains=r["chain"], steps=r["steps"], refused=r["refused"])
+                totals.update(seeds=1, chains=r["chain"], steps=r["steps"], refused=r["refused"],
+                              kernels=r["kernels"], kernels_refused=r["kernels_refused"])
                 rules.update(r["rules"])
                 for f in r["findings"]:
                     kinds[f["kind"]] += 1
@@ -113,6 +132,12 @@ def main(argv=None) -> int:
              f"{totals['refused'] / max(totals['steps'], 1):.2f} per move applied")]
     rows += [(f"  {rule}", n, f"{n / max(totals['steps'], 1):.1%} of moves")
              for rule, n in rules.most_common()]
+    if args.kernels or args.searched:
+        lowered = totals["kernels"] + totals["kernels_refused"]
+        rows += [("kernels run and compared", totals["kernels"],
+                  f"{totals['kernels'] / max(lowered, 1):.1%} of programs lowered"),
+                 ("lowerings refused in one line", totals["kernels_refused"],
+                  f"{totals['kernels_refused'] / max(lowered, 1):.1%} of programs lowered")]
     rows += [(f"findings: {kind}", n, f"{n / max(totals['chains'], 1):.2%} of chains")
              for kind, n in sorted(kinds.items())]
     rows.append(("findings (all kinds)", sum(kinds.values()),

@@ -347,7 +347,12 @@ class Recognize(Rule):
         want = tuple(sorted(set(site.ops)))
         for m in found:
             if m.indices() == want:
-                return g, entry, m, region(g, list(want))
+                reg = region(g, list(want))
+                if reg.outputs != [m.output]:  # gluing: napkin.match keeps what it computes
+                    raise RuleError(f"the hand-written {entry.name} "  # inside
+                                    + ("is discarded: nothing reads what it computes"
+                                       if not reg.outputs else "leaks a value it computes"))
+                return g, entry, m, reg
         raise RuleError(f"the hand-written {entry.name} that ends at "
                         f"{g.nodes[anchor]['box'].name} (op #{last}) is ops "
                         f"{list(found[0].indices())}, not the site's {list(want)}")
@@ -357,8 +362,6 @@ class Recognize(Rule):
 
     def apply(self, program, site, params):
         g, entry, m, reg = self._find(program, site, params)
-        if reg.outputs != [m.output]:  # gluing: napkin.match keeps what it computes inside
-            raise RuleError(f"the hand-written {entry.name} leaks a value it computes")
         want = m.out_ob
 
         def rhs(*args):

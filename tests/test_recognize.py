@@ -440,3 +440,16 @@ def test_recognize_never_changes_the_meaning(data):
         got = np.asarray(nk.evaluate(R)(*xs), np.float64)
     assert want.shape == got.shape
     np.testing.assert_allclose(got, want, rtol=1e-11, atol=1e-12 * max(1.0, np.abs(want).max()))
+
+
+def test_a_hand_written_form_nobody_reads_is_refused_by_check_not_by_apply():
+    """check passing means apply succeeds: x·x whose result is discarded (the fuzzer's
+    seed 2381) was refused only inside apply."""
+    g, = nk.axes("g")
+
+    def f(X):
+        ops.mul(X, X)  # discarded
+        return ops.logsumexp(X, g)
+    D = nk.trace(f, {"X": (g,)}, "dead square")
+    with pytest.raises(RuleError, match="square is discarded: nothing reads what it computes"):
+        RULES["recognize"].check(D, Site((), (0,)), {"pattern": "square"})

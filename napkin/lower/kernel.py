@@ -175,10 +175,11 @@ class LoweredKernel:
     # ------------------------------------------------------------ sizes
     def size_of(self, size, what: str, extent: int | None = None) -> int:
         """The value of a tile or chunk ``size``.  With the ``extent`` it tiles (at concrete
-        shapes): the size the kernel writes — for a tile that covers the whole extent (one
-        tile: the search offers the axis's own size; ``fit`` may leave a larger one), the
-        least block the backend takes over the extent (the tile overhangs the array and is
-        masked); else the value itself when the backend's blocks take it; any other size is
+        shapes): the size the kernel writes — for a tile symbol whose value covers the whole
+        extent (one tile: the search offers the axis's own size; ``fit`` may leave a larger
+        one), the least block the backend takes over the extent (the tile overhangs the
+        array and is masked); else the value itself when the backend's blocks take it, or
+        that least block for an integer size covering the extent; any other size is
         refused."""
         if isinstance(size, (int, np.integer)) or getattr(size, "is_Integer", False):
             value = int(size)
@@ -189,12 +190,15 @@ class LoweredKernel:
                 raise NapkinError(f"{what}: no tile size for {sym} (pass tiles={{'{sym}': 64}})")
             value, name = int(self.tiles[sym]), f"tile {sym}"
         rules = self.backend.rules
-        if extent is not None and value >= extent:
-            # one tile covers the extent: the least block the backend takes over it (a
-            # larger one would pad the axis past what its whole blocks elsewhere hold)
+        if extent is not None and value >= extent and name.startswith("tile "):
+            # one tile of a symbol covers the extent: the least block the backend takes over
+            # it (a larger one would pad the axis past what its whole blocks elsewhere hold;
+            # an integer size is written into the body's types and stays as it is)
             return rules.block(extent, 1)
         if extent is None or rules.size_ok(value):
             return value
+        if value >= extent:
+            return rules.block(extent, 1)
         raise NapkinError(f"{name}={value} must be a power of two for the {rules.name} backend "
                           f"(or cover the whole axis, {extent})")
 
