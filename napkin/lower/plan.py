@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import networkx as nx
 import numpy as np
 import sympy
 
@@ -242,7 +243,6 @@ def absorbing(update, axis: str) -> str | None:
     declares its own part (``absorbs``).
     """
     g = to_graph(update)
-    out_values = set(g.graph["outputs"])
     work = []
     for n in g.nodes:
         spec = g.nodes[n].get("box") and g.nodes[n]["box"].spec
@@ -251,6 +251,13 @@ def absorbing(update, axis: str) -> str | None:
             if spec.fill > -1e4:
                 return f"mask fill {spec.fill} is not a large negative"
             work += [(v, "NEG") for v in g.nodes[n]["outs"]]
+    return _leak(g, work, axis)
+
+
+def _leak(g, work: list, axis: str) -> str | None:
+    """Why the masked entries ``work`` ((value, tag) pairs) reach the update's result (None
+    when every one is absorbed: see :func:`absorbing`)."""
+    out_values = set(g.graph["outputs"])
     seen = set()
     while work:
         v, tag = work.pop()
@@ -268,6 +275,66 @@ def absorbing(update, axis: str) -> str | None:
             if new != "ABSORBED":
                 work += [(u, new) for u in node["outs"]]
     return None
+
+
+@dataclass
+class ChunkGuard:
+    """A mask over a stream's chunk whose condition is data (segment ids, a prefix length, a
+    validity array) rather than index arithmetic: ``where(keep, x, fill)`` or a padding mask,
+    with ``keep`` computed from the update's inputs by elementwise boxes only (``cone``: a
+    diagram from the stream's inputs at positions ``inputs`` (the state not counted) to the
+    condition, its output ``output``; None when ``keep`` is an input itself).  A chunk whose condition is false
+    everywhere leaves the accumulator as it was (its fill is absorbed): the kernel evaluates
+    the condition first and skips the chunk's work.  ``nonzero``: ``keep`` is a number read
+    as ``!= 0`` (the padding mask's)."""
+    box: str
+    cone: object
+    inputs: list
+    output: int
+    nonzero: bool = False
+
+
+def chunk_guards(spec) -> list:
+    """The :class:`ChunkGuard` of a stream's update, where skipping a chunk it masks whole
+    is exact: the fill is −∞ (it adds nothing to a max, a logsumexp or a sum of exp), or,
+    for softmax-contraction, at most −5·10²⁹ (the finalize zeroes a row that kept nothing,
+    skipped or not); the masked entries are absorbed (:func:`absorbing`'s walk); and the
+    condition reads no state and no contraction or reduction (cheap, before the chunk's
+    matrix products)."""
+    from napkin.region import region, region_diagram
+    g = to_graph(spec.update)
+    order = op_order(g)
+    inputs = g.graph["inputs"]
+    state = set(inputs[:spec.n_state])
+    out = []
+    for n in order:
+        box = g.nodes[n]["box"]
+        b = box.spec
+        if getattr(b, "kind", None) == "where" and b.a is None and b.b is not None:
+            fill, keep, nonzero = float(b.b), g.nodes[n]["ins"][0], False
+        elif getattr(b, "kind", None) == "mask" and b.kind_ == "padding":
+            fill, keep, nonzero = float(b.fill), g.nodes[n]["ins"][1], True
+        else:
+            continue
+        exact = fill == float("-inf") or (fill <= -5e29 and spec.rule == "softmax_contraction")
+        outs = g.nodes[n]["outs"]
+        if not exact or not g.nodes[outs[0]]["ob"].type.has(spec.axis) \
+                or _leak(g, [(v, "NEG") for v in outs], spec.axis):
+            continue
+        cone = nx.ancestors(g, keep) | {keep}
+        ops_ = [m for m in order if m in cone]
+        if cone & state or any(not (g.nodes[m]["box"].spec.elementwise
+                                    or not g.nodes[m]["ins"]) for m in ops_):
+            continue
+        k = spec.n_state
+        if not ops_:
+            out.append(ChunkGuard(box.name, None, [inputs.index(keep) - k], 0, nonzero))
+            continue
+        reg = region(g, [order.index(m) for m in ops_])
+        out.append(ChunkGuard(box.name, region_diagram(reg),
+                              [inputs.index(v) - k for v in reg.inputs],
+                              reg.outputs.index(keep), nonzero))
+    return out
 
 
 def reduction_neutral(box, axis: str):
@@ -378,6 +445,7 @@ class StreamPlan:
     size: int
     rule: str
     skip: SkipPlan | None = None
+    guards: list = field(default_factory=list)  # ChunkGuard: data masks that skip a chunk
 
     @property
     def chunks(self) -> int:
@@ -698,6 +766,12 @@ class Planner:
             self.env[spec.chunk] = chunk
         plan = StreamPlan(ax, chunk, self.extent(loop), spec.rule)
         plan.skip = self.skip(spec, plan)
+        plan.guards = chunk_guards(spec)
+        if plan.guards:
+            self.notes.append(f"stream {ax}: data mask{'s' * (len(plan.guards) > 1)} "
+                              f"{', '.join(gd.box for gd in plan.guards)}: a chunk "
+                              f"{'they keep' if len(plan.guards) > 1 else 'it keeps'} "
+                              f"nothing of can be skipped (Triton: lax.cond per chunk)")
         return plan
 
     def inner_group(self, box) -> InnerGroupPlan:

@@ -204,10 +204,19 @@ class _Walker:
     def _cond(self, eqn, ins, mult):
         index, *ops = ins
         branches = eqn.params["branches"]
-        if index is UNKNOWN:
-            if any(self._has_io(b.jaxpr) for b in branches):
-                raise NapkinError("cannot count traffic: a branch with loads or stores depends "
-                                  "on data")
+        if index is UNKNOWN:  # a branch on data (a chunk a data mask may skip): count the
+            best = None       # heaviest branch, the bound the cost model prices
+            for b in branches:
+                saved, self.reads, self.writes = (self.reads, self.writes), {}, {}
+                self._call(b, ops, mult)
+                got = (self.reads, self.writes)
+                self.reads, self.writes = saved
+                total = sum(int(np.sum(v)) for d in got for v in d.values())
+                if best is None or total > best[0]:
+                    best = (total, got)
+            for mine, theirs in zip((self.reads, self.writes), best[1]):
+                for name, n in theirs.items():
+                    mine[name] = mine.get(name, 0) + n
             return None
         for i, b in enumerate(branches):
             self._call(b, ops, mult * (np.asarray(index) == i))

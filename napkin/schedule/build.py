@@ -158,7 +158,9 @@ class _Builder:
         rule, axis = self.stream_ctx[-1] if self.stream_ctx else (None, None)
         self.contractions.append(ContractionRecord(box.name, sympy.expand(it), reduced, red, rule,
                                                    axis, mm))
-        # tensor-core shapes: m = output axes of the first input, n = of the second, k = reduced
+        # tensor-core shapes: m = output axes of the first input the second lacks (an axis
+        # both carry is a batch: one product per index), n = of the second, k = reduced
+        m_ax = [a for a in m_ax if not ins[1].has(a)]
         if mm:
             kb = self.mma.get("mma_k_bytes", 1)
             bpv = max(bytes_per_value(self.dt(ob)) for ob in box.dom.inside)

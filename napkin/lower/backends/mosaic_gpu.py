@@ -138,8 +138,9 @@ def refusal(plan: KernelPlan) -> str:
         if jnp.issubdtype(dt, jnp.floating) and dt not in LOW_PRECISION:
             return (f"{ap.name} is {dt.name}: the Mosaic GPU backend writes bf16 / f16 kernels "
                     f"(wgmma; FP8 e4m3 inputs too): run it at dtype bf16")
-        if not jnp.issubdtype(dt, jnp.floating):
-            return f"{ap.name} is {dt.name}: the Mosaic GPU backend takes floating arrays only"
+        if not jnp.issubdtype(dt, jnp.floating) and dt != np.dtype(np.int32):
+            return (f"{ap.name} is {dt.name}: the Mosaic GPU backend takes floating arrays and "
+                    f"int32 ones (segment ids, positions) only")
     if plan.padded:
         a = next(iter(plan.padded))
         return f"axis {a}={plan.sizes.get(a)} would be padded; the Mosaic GPU backend has no masks"
@@ -214,6 +215,9 @@ class _Spelling:
         self.fixed = [i for i in range(len(plan.inputs))
                       if i not in self.streamed and i not in self.scalars]
         self.notes = [f"rows: {split.describe()}"]
+        if self.stream_plan is not None and self.stream_plan.guards:
+            self.notes.append(f"stream {self.stream_plan.axis}: every chunk computed (no "
+                              f"per-chunk skip of data masks in the Mosaic GPU backend yet)")
         # what the kernel allocates in shared memory, bytes by purpose: "staged" is what the
         # schedule counts (tiles loaded once, a chunk per stage); Mosaic aligns every buffer
         # to SMEM_ALIGNMENT and reserves scratch for cross-warp reductions

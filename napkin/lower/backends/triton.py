@@ -305,14 +305,23 @@ class _Spelling:
             if kind == "tail":
                 ok = w.let(f"{{0}} + jnp.arange({s}) < {n}", start, name=f"{ax}_ok")
                 self.scopes[-1][("ok", ax)] = ok
-            chunk_args, it = [], iter(fixed)
-            for i, a in enumerate(args):
-                chunk_args.append(given[i] if i in given else
-                                  self.load(a.narrowed(ax, start, s, ok)) if i in streamed
-                                  else next(it))
             offsets = dict(ctx.offsets)
             offsets[ax] = start
             sub = EvalContext(env, offsets, xp)
+            it = iter(fixed)
+            wires = [given[i] if i in given else a.narrowed(ax, start, s, ok) if i in streamed
+                     else next(it) for i, a in enumerate(args)]
+            visit = self.chunk_visit(sp, sub, wires, ok)
+            if visit is not None:  # the chunk's work only where a data mask keeps something
+                inner = w.fresh(f"{ax}_{kind}_visit")
+                w.line(f"def {inner}(carry):")
+                w.indent()
+                self.scopes.append({})
+                st_in = [Var(w, w.fresh(ob.name), var.aval, temp=False)
+                         for var, ob in zip(state, spec.init.cod.inside)]
+                w.line(f"{', '.join(v.name for v in st_in)}{',' if len(st_in) == 1 else ''} "
+                       f"= carry")
+            chunk_args = [self.load(a) if isinstance(a, RefWire) else a for a in wires]
             new = self.run(spec.update, sub, st_in + chunk_args, valid=(ax, ok))
             outs = []
             for var, init in zip(new, state):
@@ -324,6 +333,10 @@ class _Spelling:
                     var = w.let(f"{{0}}.astype({dtype_name(init.dtype)})", var)
                 outs.append(var)
             w.line(f"return ({', '.join(v.name for v in outs)}{',' if len(outs) == 1 else ''})")
+            if visit is not None:
+                self.scopes.pop()
+                w.dedent()
+                w.line(f"return lax.cond({visit}, {inner}, lambda carry: carry, carry)")
             self.scopes.pop()
             self.unmasked.discard(ax)
             w.dedent()
@@ -374,6 +387,29 @@ class _Spelling:
                                f"{carry(state)})  # the ragged tail: 0 or 1 trip")
         fin = EvalContext(env, ctx.offsets, xp)
         return self.run(spec.finalize, fin, state + fixed)
+
+    def chunk_visit(self, sp, ctx, wires, ok):
+        """Whether this chunk holds an entry every data mask of the stream keeps (a bool Var;
+        None for a stream without such masks, :func:`napkin.lower.plan.chunk_guards`): each
+        condition is written from its own cone of the update, before the chunk's work, and
+        reads only the inputs it needs (segment ids, not K and V).  Positions past the
+        array's end count as kept (a conservative skip)."""
+        w, flag = self.w, None
+        for guard in sp.guards:
+            ins = [wires[p] for p in guard.inputs]
+            keep = ins[0] if guard.cone is None else \
+                self.run(guard.cone, ctx, ins, valid=(sp.axis, ok))[guard.output]
+            if isinstance(keep, RefWire):
+                keep = self.load(keep)
+            if guard.nonzero:
+                keep = w.let("{0} != 0", keep)
+            some = w.let("({0}).astype(jnp.int32)", keep)
+            for d in reversed(range(some.ndim)):  # one axis at a time (Triton lowers those)
+                some = w.let(f"jnp.max({{0}}, axis={d})", some)
+            some = w.let("{0} > 0", some, name=f"{sp.axis}_kept")
+            flag = some if flag is None else w.let("{0} & {1}", flag, some,
+                                                   name=f"{sp.axis}_kept")
+        return flag
 
     def split(self, x, t, axis: str, sp) -> list:
         """A value's chunks along a streamed axis: the equal parts of its block (both powers
