@@ -317,6 +317,8 @@ def _optimize_to(args, cert, drawing, out) -> int:
         print("not streamable:")
         for (rule, axis), why in why_not:
             print(f"  {axis}: {why}")
+    if r.note:
+        print(f"slow: {r.note}")
     print(f"search: {r.states} states ({r.pruned} not costed), {r.expanded} expanded, "
           f"{r.seconds:.2f} s "
           f"(best reached at {r.best.found_s:.2f} s)"
@@ -351,7 +353,8 @@ def result_json(r, sizes, cert_path) -> dict:
         "search": {"states": r.states, "not_costed": r.pruned, "expanded": r.expanded,
                    "seconds": r.seconds,
                    "best_found_s": r.best.found_s, "first_fit_s": r.first_fit_s,
-                   "limit_hit": r.limit_hit, "lower_bound_s": r.lower_bound_s},
+                   "limit_hit": r.limit_hit, "lower_bound_s": r.lower_bound_s,
+                   "note": r.note},
         "sizes": sizes, "certificate": cert_path,
     }
 
@@ -515,6 +518,8 @@ def _run(args) -> int:
     chosen = parse_sizes(args.tile, "--tile", "TILE")
     opt = opt.with_tiles(chosen)
     print("chain: " + " → ".join(str(m) for m in opt.chain))
+    if opt.search.note:
+        print(f"slow: {opt.search.note}")
     print("tiles: " + ", ".join(f"{k}={v}" + (" (--tile)" if k in chosen else "")
                                 for k, v in opt.tiles.items())
           + f"; modelled time {opt.search.best.time_s:.3g} s ({opt.search.best.bound_by}-bound"

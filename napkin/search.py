@@ -127,6 +127,7 @@ class SearchResult:
     commuted: int = 0  # moves not applied: their program is reached in the other order
     hardware: object = None  # the profile as searched (its GMEM + SMEM view for levels="two")
     pruned: int = 0  # states reached but never costed: nothing derived from them could win
+    note: str = ""   # why the best is slow, when it is the one-kernel-per-box fallback
 
     @property
     def first_fit_s(self) -> float:
@@ -467,11 +468,20 @@ class _Run:
 
     def result(self, diagram, ev, keep, t0) -> SearchResult:
         states, best = self.states(), self.best
+        note = ""
         if not best.feasible:
-            if self.limit:
-                raise NapkinError(f"search stopped before any program fit on chip: {self.limit}; "
-                                  f"raise the limit (max_states / max_seconds)")
-            raise NapkinError(_too_small(states, ev))
+            fallback = kernel_per_box(diagram, ev)
+            note = slow_note(diagram, self, ev)
+            if fallback is None:
+                if self.limit:
+                    raise NapkinError(f"search stopped before any program fit on chip: "
+                                      f"{self.limit}; raise the limit (max_states / "
+                                      f"max_seconds)")
+                raise NapkinError(_too_small(states, ev))
+            fallback.found_s = time.perf_counter() - t0
+            self.graph.add_node(fallback.key, state=fallback)
+            best = self.best = fallback
+            states = self.states()
         # Alternatives: the best program of each distinct cost, best first (programs
         # that only re-nest the same tiling cost the same and add nothing to read); those
         # that fit nowhere are told apart by the memory their smallest tiles need.
@@ -494,7 +504,7 @@ class _Run:
         best._report = ev
         return SearchResult(diagram, best, ranked, self.states_seen, self.expanded,
                             time.perf_counter() - t0, self.limit, self.graph, self.bound,
-                            self.refused, self.commuted, ev.hw, self.pruned)
+                            self.refused, self.commuted, ev.hw, self.pruned, note)
 
 
 def _refinements() -> dict:
@@ -670,6 +680,84 @@ def _best_first(roots, ev: "Evaluator", max_states: int, max_seconds: float, t0:
         state.applied.clear()
     run.states_seen = run.graph.number_of_nodes()
     return run
+
+
+def kernel_per_box(diagram, ev: Evaluator) -> State | None:
+    """The program that always exists, when no program the search reached fits: every
+    top-level box its own kernel, grouped over each of its output's axes and streamed over
+    the axis it reduces (so no whole row is on chip), values between kernels in HBM — each
+    step a rule application, so its chain is a certificate like any other.  None when even
+    that does not fit (a budget below one box's smallest tile)."""
+    def boxes(prog):
+        g = view(prog)
+        return [g.nodes[n]["box"] for n in op_order(g)]
+
+    def step(prog, rule, path, params):
+        """(the program, the move, the root index of the box being partitioned) or Nones."""
+        site = Site((index, *path[1:]) if path else (), (0,) if path else (index,))
+        try:
+            new = RULES[rule].apply(prog, site, params)
+        except NapkinError:
+            return None, None, None
+        at = [i for i, b in enumerate(boxes(new)) if id(b) not in others]
+        return new, Move(rule, site, tuple(sorted(params.items()))), at[0]
+
+    program, chain = diagram, []
+    for box in boxes(diagram):
+        if box.spec.kind in ("group", "stream"):
+            continue
+        here = boxes(program)
+        at = [i for i, b in enumerate(here) if b is box]
+        if not at:  # (a rewrite rebuilt it: it is no longer a top-level box of its own)
+            continue
+        index = at[0]
+        others = {id(b) for i, b in enumerate(here) if i != index}
+        outs = list(dict.fromkeys(a for ob in box.cod.inside for a in ob.type.names))
+        reduced = [a for a in dict.fromkeys(n for ob in box.dom.inside for n in ob.type.names)
+                   if a not in outs]
+        path = []  # the groups made so far, as a site path below the root index
+        for axis in outs:
+            new, mv, where = step(program, "group_partition", path, {"axis": axis})
+            if new is not None:
+                program, index, path = new, where, [*path, 0]
+                chain.append(mv)
+        for axis in sorted(reduced, key=lambda a: -value_at(_axis_size(box, a), ev.sizes)):
+            new, mv, where = step(program, "stream_partition", path, {"axis": axis})
+            if new is not None:
+                program, index = new, where
+                chain.append(mv)
+                break
+    if not chain:
+        return None
+    state = State(f"{canonical_hash(program)}.kernel-per-box", program, tuple(chain))
+    ev(state)
+    return state if state.feasible and not state.error else None
+
+
+def _axis_size(box, axis: str):
+    return next(ob.type.axis(axis).size for ob in box.dom.inside if ob.type.has(axis))
+
+
+def slow_note(diagram, run: _Run, ev: Evaluator) -> str:
+    """Why the search fell back to a kernel per box, in words: what fits nowhere, and the
+    premises that refused the rules which would have fused it (at the algorithm itself)."""
+    reduced = {a for b in primitive_boxes(diagram) for ob in b.dom.inside for a in ob.type.names
+               if not any(o.type.has(a) for o in b.cod.inside)}
+    refused = [f"{rule} over {axis}: {why}" for (rule, axis), why in run.refused.items()
+               if rule == "stream_partition" and axis in reduced][:2]
+    fits = _too_small(run.states(), ev).split(": ", 1)[-1] if any(
+        s.min_memory for s in run.states()) else ""
+    parts = ["no fused program fits on chip, so every box runs as a kernel of its own, the "
+             "values between them in HBM (runnable, not fast)"]
+    if fits:
+        parts.append(f"the best fused one: {fits}")
+    if run.limit:
+        parts.append(f"the search stopped: {run.limit}")
+    if refused:
+        parts.append("what kept it apart: " + "; ".join(refused))
+    parts.append("what would fuse it: a streamability rule for this form, or a recognition "
+                 "of it as a primitive the rules know (`napkin rules`: recognize)")
+    return "; ".join(parts)
 
 
 def _final(state: State) -> bool:

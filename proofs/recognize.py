@@ -80,6 +80,7 @@ from proofs._core import Failed, Proof, compare, numeric, refuses, sym_ctx, sym_
 
 RULE = "recognize"
 EPS = 1e-6
+CONSTS = {"eps": EPS, "c": 0.5}  # each constant variable's value in the numeric checks
 
 # Instances of each entry: {input: host axes} and {axis variable: host axis}.  The first
 # uses the pattern's own names with an extra axis; the second other names, extra axes on
@@ -91,6 +92,8 @@ INSTANCES = {
     "sink_softmax": [({"X": "n v", "s": "n"}, {"v": "v"}), ({"X": "h x q", "s": "h"}, {"v": "x"})],
     "sink_attention": [({"S": "q x", "V": "x d", "s": ""}, {"x": "x"}),
                        ({"S": "h q k", "V": "h k e", "s": "h"}, {"x": "k"})],
+    "sink_attention_const": [({"S": "q x", "V": "x d"}, {"x": "x"}),
+                             ({"S": "h q k", "V": "h k e"}, {"x": "k"})],
     "logsumexp": [({"X": "n v"}, {"v": "v"}), ({"X": "h x q"}, {"v": "x"})],
     "mean": [({"X": "n v"}, {"v": "v"}), ({"X": "x h"}, {"v": "x"})],
     "square": [({"X": "n v"}, {}), ({"X": "h x q"}, {})],
@@ -104,7 +107,9 @@ SOFTMAXES = ("softmax", "softmax_unshifted", "softmax_contraction",
              "softmax_contraction_unshifted")
 SINKS = ("sink_softmax", "sink_softmax_unshifted", "sink_attention", "sink_attention_unshifted")
 UNSHIFTED = tuple(n for n in (*SOFTMAXES, *SINKS, "logsumexp_unshifted") if "unshifted" in n)
-SHIFTED = ("softmax", "softmax_contraction", "sink_softmax", "sink_attention", "logsumexp")
+SHIFTED = ("softmax", "softmax_contraction", "sink_softmax", "sink_attention", "logsumexp",
+           "sink_attention_const")
+CONST_SINKS = ("sink_attention_const",)  # a finite constant sink: every row keeps it
 
 
 def reduced_axis(entry, var_map) -> str | None:
@@ -117,7 +122,8 @@ def instance(entry, inputs: dict, var_map: dict, sizes: dict | None = None, dtyp
              eps=None, variant: int = 0):
     """The entry's hand-written form (its ``variant``-th) as a program of its own: inputs
     with these host axes (symbolic sizes, or ints from ``sizes``), the pattern's axis
-    variables named by ``var_map``, its constants ``eps``."""
+    variables named by ``var_map``, its constants ``eps`` (a value or a symbol for every
+    constant variable; default :data:`CONSTS`)."""
     from napkin.arrays import Axis
     from napkin.trace import Array, trace
     sizes = sizes or {}
@@ -126,8 +132,8 @@ def instance(entry, inputs: dict, var_map: dict, sizes: dict | None = None, dtyp
         for n in names.split():
             ax.setdefault(n, Axis(n, sizes.get(n, n)))
     kwargs = {var: ax[host] for var, host in var_map.items()}
-    if entry.consts:
-        kwargs["eps"] = EPS if eps is None else eps
+    for c in entry.consts:
+        kwargs[c] = CONSTS[c] if eps is None else eps
     spec = [(name, Array(*(ax[n] for n in inputs[name].split()), dtype=dtype))
             for name in entry.inputs]
     lhs = entry.variants[variant]
@@ -263,6 +269,7 @@ def masked_rows(rule, entry) -> str:
     X = xs[0]
     X[0] = -math.inf
     X[1] = MASK_FILL
+    sinks = entry.name in SINKS or entry.name in CONST_SINKS
     if entry.name in SINKS:  # a sink of −∞ on the rows of −∞: neither a score nor a sink
         s = xs[list(entry.inputs).index("s")]
         if s.ndim:
@@ -274,10 +281,16 @@ def masked_rows(rule, entry) -> str:
     rest = slice(2, None)
     if not np.allclose(lhs[rest], rhs[rest], rtol=1e-12, atol=0):
         raise Failed("the rows that keep an entry differ")
-    if entry.name in SINKS:
+    if sinks:
         if not np.allclose(lhs[1], rhs[1], rtol=1e-12, atol=1e-300):
             raise Failed("a row of the mask's fill with a finite sink differs (the sink takes "
                          "its mass on both sides)")
+        if entry.name in CONST_SINKS:
+            if not np.allclose(lhs[0], rhs[0], rtol=1e-12, atol=1e-300):
+                raise Failed("a row of −∞ with a constant sink differs (the sink takes it all)")
+            return (f"{first}: other rows equal; rows of −∞ and of the fill keep the constant "
+                    f"sink on both sides ({float(np.abs(rhs[0]).max()):.1e}, "
+                    f"{float(np.abs(rhs[1]).max()):.1e})")
         if s.ndim and not (rhs[0] == 0).all():
             raise Failed(f"a row of −∞ with a −∞ sink is {rhs[0]}, not zeros")
         mass = float(np.abs(rhs[1]).max())
@@ -410,7 +423,8 @@ def prove():
             proof.check(f"{entry.name}: where the hand-written form overflows (logits ±1000) "
                         f"the primitive is the shifted form (numerically safe)",
                         lambda e=entry: numeric_overflow(rule, e, rng), "numeric")
-        if entry.name in ("softmax", "softmax_contraction", "sink_softmax", "sink_attention"):
+        if entry.name in ("softmax", "softmax_contraction", "sink_softmax", "sink_attention",
+                          *CONST_SINKS):
             proof.check(f"{entry.name}: rows that keep no entry become zeros (the primitive's "
                         f"convention), every other row equal", lambda e=entry: masked_rows(rule, e),
                         "numeric")
@@ -429,7 +443,8 @@ def prove():
 def _wrong_table():
     """Plausible but wrong table entries: each must fail the obligations above."""
     from napkin import ops
-    from rewrites.recognize import Recognition, logsumexp_rhs, mean_rhs, softmax_rhs
+    from rewrites.recognize import (Recognition, kept_axes, logsumexp_rhs, mean_rhs,
+                                    sink_attention_const_rhs, softmax_rhs)
 
     def two_axes(X, *, v, d):
         e = ops.exp(ops.sub(X, ops.max_(X, v, name="the max"), name="the subtraction"))
@@ -446,8 +461,24 @@ def _wrong_table():
         e = ops.exp(ops.sub(X, ops.max_(Y, n, name="the max"), name="the subtraction"))
         return ops.div(e, ops.sum_(e, v, name="the sum"), name="the division")
 
+    def sink_unshifted_mass(S, V, *, x, c):  # the sink's mass exp(c), not exp(c − m)
+        from napkin.primitives import Map
+        mx = ops.apply(Map("max_const", c), ops.max_(S, x, name="the max"),
+                       name="the max with the sink")[0]
+        p = ops.exp(ops.sub(S, mx, name="the subtraction"), name="the exponential")
+        z = ops.add(ops.sum_(p, x, name="the sum"), ops.exp(ops.add_const(
+            ops.scale(mx, 0.0, name="the dropped shift"), c), name="the sink's exponential"),
+            name="the sink's mass")
+        return ops.div(ops.contract(p, V, out=kept_axes(p, V, x), name="the contraction"), z,
+                       name="the division")
+
     # (entry, instances) — each instance {input: host axes}, {axis variable: host axis}
     return [
+        (Recognition("wrong: a constant sink's mass without the shift",
+                     "(Σ p·V) / (Σ p + exp(c)), p = exp(S − m), m = max(max S, c) → "
+                     "Σ softmax(S, sink=c)·V", sink_unshifted_mass, {"S": ("x",), "V": ("x",)},
+                     sink_attention_const_rhs, consts=("c",)),
+         [({"S": "q x", "V": "x d"}, {"x": "x"})]),
         (Recognition("wrong: the max over v, the sum over d → softmax_v",
                      "exp(x − max_v x) / Σ_d exp(x − max_v x) → softmax_v(x)", two_axes,
                      {"X": ("v", "d")}, softmax_rhs),

@@ -41,9 +41,11 @@ from typing import Callable
 import networkx as nx
 
 from napkin import ops
+from napkin.arrays import ArrayType
 from napkin.errors import RuleError
 from napkin.ir import ops as op_order, to_diagram, view
 from napkin.match import Pattern, _by_kind, attempt, match_at
+from napkin.primitives import Map
 from napkin.region import Site, body_at, inline, region, replace_at
 from napkin.trace import trace
 from rewrites.base import Rule, ob
@@ -109,7 +111,7 @@ def softmax_rhs(m, X):
     return ops.softmax(X, m.axis("v"), as_=m.out_ob.name)
 
 
-def _keep(p, V, x):
+def kept_axes(p, V, x):
     """The contraction's output axes: every axis of its inputs but x (none in the pattern
     itself; the woven ones when the pattern is written out on a host's arrays)."""
     return [a for a in dict.fromkeys((*p.type.names, *V.type.names)) if a != x.name]
@@ -119,13 +121,13 @@ def attention_lhs(S, V, *, x):
     """(Σ_x exp(S − max S)·V) / Σ_x exp(S − max S): attention that divides after P·V."""
     mx = ops.max_(S, x, name="the max")
     p = ops.exp(ops.sub(S, mx, name="the subtraction"), name="the exponential")
-    o = ops.contract(p, V, out=_keep(p, V, x), name="the contraction")
+    o = ops.contract(p, V, out=kept_axes(p, V, x), name="the contraction")
     return ops.div(o, ops.sum_(p, x, name="the sum"), name="the division")
 
 
 def attention_unshifted_lhs(S, V, *, x):
     p = ops.exp(S, name="the exponential")
-    o = ops.contract(p, V, out=_keep(p, V, x), name="the contraction")
+    o = ops.contract(p, V, out=kept_axes(p, V, x), name="the contraction")
     return ops.div(o, ops.sum_(p, x, name="the sum"), name="the division")
 
 
@@ -235,7 +237,7 @@ def sink_attention_lhs(S, V, s, *, x):
     mx = ops.maximum(ops.max_(S, x, name="the max"), s, name="the max with the sink")
     p = ops.exp(ops.sub(S, mx, name="the subtraction"), name="the exponential")
     z = ops.add(ops.sum_(p, x, name="the sum"), _sink_term(s, mx), name="the sink's mass")
-    return ops.div(ops.contract(p, V, out=_keep(p, V, x), name="the contraction"), z,
+    return ops.div(ops.contract(p, V, out=kept_axes(p, V, x), name="the contraction"), z,
                    name="the division")
 
 
@@ -243,8 +245,26 @@ def sink_attention_unshifted_lhs(S, V, s, *, x):
     p = ops.exp(S, name="the exponential")
     z = ops.add(ops.sum_(p, x, name="the sum"), ops.exp(s, name="the sink's exponential"),
                 name="the sink's mass")
-    return ops.div(ops.contract(p, V, out=_keep(p, V, x), name="the contraction"), z,
+    return ops.div(ops.contract(p, V, out=kept_axes(p, V, x), name="the contraction"), z,
                    name="the division")
+
+
+def sink_attention_const_lhs(S, V, *, x, c):
+    """(Σ_x p·V) / (Σ_x p + exp(c − m)), p = exp(S − m), m = max(max S, c): a sink logit
+    written as a constant (c − m as ops.sub(c, m) and jnp write it: −m + c)."""
+    mx = ops.apply(Map("max_const", c), ops.max_(S, x, name="the max"),
+                   name="the max with the sink")[0]
+    p = ops.exp(ops.sub(S, mx, name="the subtraction"), name="the exponential")
+    sink = ops.exp(ops.add_const(ops.neg(mx, name="the negated max"), c,
+                                 name="the sink's subtraction"), name="the sink's exponential")
+    z = ops.add(ops.sum_(p, x, name="the sum"), sink, name="the sink's mass")
+    return ops.div(ops.contract(p, V, out=kept_axes(p, V, x), name="the contraction"), z,
+                   name="the division")
+
+
+def sink_attention_const_rhs(m, S, V):
+    sink = ops.add_const(ops.fill(ArrayType((), S.type.dtype), 0.0), m.const("c"), as_="sink")
+    return sink_attention_rhs(m, S, V, sink)
 
 
 def sink_attention_rhs(m, S, V, s):
@@ -292,6 +312,11 @@ TABLE: tuple[Recognition, ...] = (
                 "(its numerically safe form)",
                 sink_attention_unshifted_lhs, {"S": ("x",), "V": ("x",), "s": ()},
                 sink_attention_rhs),
+    Recognition("sink_attention_const",
+                "(Σ_x p·V) / (Σ_x p + exp(c − m)), p = exp(S − m), m = max(max S, c), c a "
+                "constant → Σ_x softmax(S, sink=c)·V",
+                sink_attention_const_lhs, {"S": ("x",), "V": ("x",)}, sink_attention_const_rhs,
+                consts=("c",)),
     Recognition("square", "x · x → square(x)", square_lhs, {"X": ()}, square_rhs),
     Recognition("rmsnorm",
                 "x / √(mean x² + ε) · g → (x · g) · rsqrt(mean x² + ε) (ε or none; x² as "
