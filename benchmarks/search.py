@@ -25,6 +25,9 @@ from napkin import ops
 from napkin.library import get
 from napkin.search import search
 
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1] / "tests"))
+import outside_algorithms  # noqa: E402  (the forms users write: tests/outside_algorithms.py)
+
 CASES = [
     ("attention", dict(q=4096, x=4096, d=128)),
     ("matmul", dict(a=4096, b=4096, c=4096)),
@@ -56,9 +59,26 @@ def attention_stack(layers: int = 4):
     return nk.trace(stack, {"X": (q, m), "C": (x, m), **weights}, f"attention_stack{layers}")
 
 
-# The search issues' targets (seconds, 2 cores; GQA's from the any-algorithm issue).
+# The search issues' targets (seconds, 2 cores; GQA's from the any-algorithm issue; the
+# forms users write, from the found-from-outside issue: each within 5 s).
+FORM_TARGET = 5.0
 TARGETS = {("attention", "two"): 1.0, ("attention", "all"): 5.0, ("gqa", "two"): 5.0,
-           ("attention_stack4", "two"): 30.0}
+           ("attention_stack4", "two"): 30.0,
+           **{(name, "two"): FORM_TARGET for name in (*outside_algorithms.FORMS,
+                                                       "layernorm_matmul_ops")}}
+
+
+def form(name: str):
+    """(diagram, sizes) of a form users write (tests/outside_algorithms.py)."""
+    if name == "layernorm_matmul_ops":
+        return outside_algorithms.layernorm_matmul_ops, dict(n=4096, d=4096, e=4096)
+    d = outside_algorithms.imported(name)
+    return d, d.sizes
+
+
+def kernels(program) -> int:
+    from napkin.lower.program import top_boxes
+    return len(top_boxes(program))
 
 
 def _target(row) -> str:
@@ -67,7 +87,7 @@ def _target(row) -> str:
     t = TARGETS.get((row[0], row[1]))
     if not t or not isinstance(row[5], float):
         return "-"
-    wall = row[6] if "time limit" in str(row[10]) and isinstance(row[6], float) else row[5]
+    wall = row[6] if "time limit" in str(row[11]) and isinstance(row[6], float) else row[5]
     return f"{wall / t:.2f}"
 
 
@@ -78,15 +98,16 @@ def run(name, diagram, sizes, levels, max_states, max_seconds):
                    max_seconds=max_seconds)
     except nk.NapkinError as e:
         n = len([b for b in diagram.boxes if getattr(b, "data", None)])
-        return (name, levels, n, "-", "-", time.perf_counter() - t0, "-", "-", "-", "-", "failed",
-                str(e)[:90])
+        return (name, levels, n, "-", "-", time.perf_counter() - t0, "-", "-", "-", "-", "-",
+                "failed", str(e)[:90])
     wall = time.perf_counter() - t0
     return (name, levels, len([b for b in diagram.boxes if getattr(b, "data", None)]),
             f"{r.states} ({r.pruned})", r.expanded, wall, r.first_fit_s, r.best.found_s,
-            r.best.time_s, r.best.time_s / r.lower_bound_s,
-            r.limit_hit or "", " → ".join(m.rule.split("_")[0] + (f"({dict(m.params).get('axis')})"
-                                                                if "axis" in dict(m.params) else "")
-                                        for m in r.best.chain))
+            r.best.time_s, r.best.time_s / r.lower_bound_s, kernels(r.best.program),
+            r.limit_hit or ("patience" if r.stopped else ""),
+            " → ".join(m.rule.split("_")[0] + (f"({dict(m.params).get('axis')})"
+                                               if "axis" in dict(m.params) else "")
+                       for m in r.best.chain))
 
 
 def warm_up() -> float:
@@ -102,7 +123,7 @@ def repeated(n: int, max_states: int, max_seconds: float):
     print(f"\nrows with a target, {n} fresh processes each (wall s):")
     print(f"{'algorithm':18s}{'levels':8s}{'median':>8s}{'min':>8s}{'max':>8s}{'target':>8s}")
     for (name, levels), target in TARGETS.items():
-        if name not in dict(CASES):
+        if name not in dict(CASES) and not _is_form(name):
             continue
         walls = []
         for _ in range(n):
@@ -126,8 +147,9 @@ def main():
     if a.row:
         name, levels = a.row.split(":")
         warm_up()
-        print(run(name, get(name).diagram(), dict(CASES)[name], levels, a.max_states,
-                  a.max_seconds)[5])
+        diagram, sizes = form(name) if _is_form(name) else (get(name).diagram(),
+                                                            dict(CASES)[name])
+        print(run(name, diagram, sizes, levels, a.max_states, a.max_seconds)[5])
         return
     print(f"start-up (first search in the process, excluded below): {warm_up():.2f} s\n")
     rows = []
@@ -135,6 +157,8 @@ def main():
     for name, sizes in CASES:
         for lv in levels:
             rows.append(run(name, get(name).diagram(), sizes, lv, a.max_states, a.max_seconds))
+    for name in (*outside_algorithms.FORMS, "layernorm_matmul_ops"):  # the forms users write
+        rows.append(run(name, *form(name), "two", a.max_states, a.max_seconds))
     if not a.quick:
         # the stack has no exhaustive answer in reach: what it finds within its target time
         rows.append(run("attention_stack4", attention_stack(4),
@@ -142,7 +166,7 @@ def main():
                         TARGETS[("attention_stack4", "two")]))
     rows = [(*r[:6], _target(r), *r[6:]) for r in rows]
     head = ("algorithm", "levels", "boxes", "states (not costed)", "expanded", "wall s", "÷ target",
-            "1st fit s", "best at s", "best time s", "÷ bound", "limit", "chain")
+            "1st fit s", "best at s", "best time s", "÷ bound", "kernels", "stopped", "chain")
     widths = [max(len(str(x)) if not isinstance(x, float) else 10 for x in col)
               for col in zip(head, *rows)]
     fmt = lambda v: f"{v:.3g}" if isinstance(v, float) else str(v)  # noqa: E731
@@ -151,6 +175,10 @@ def main():
         print("  ".join(fmt(v).ljust(w) for v, w in zip(r, widths)))
     if a.repeat:
         repeated(a.repeat, a.max_states, a.max_seconds)
+
+
+def _is_form(name: str) -> bool:
+    return name in outside_algorithms.FORMS or name == "layernorm_matmul_ops"
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from discopy import markov
 
 from napkin.arrays import ArrayOb
 from napkin.errors import RuleError
+from napkin.memo import IdentityMemo
 from napkin.ir import GraphBuilder, ops as op_order, to_diagram, to_graph, view
 from napkin.op import make_op
 
@@ -142,11 +143,17 @@ def region_diagram(reg: Region, axis: str | None = None, size=None):
     return to_diagram(b.finish([env[v] for v in reg.outputs]))
 
 
+_RELABELLED = IdentityMemo(20000)
+
+
 def relabel(diagram, axis: str, size):
-    """``diagram`` with ``axis`` relabelled to ``size`` everywhere (q → g_q)."""
-    g = to_graph(diagram)
-    return region_diagram(Region(g, op_order(g), list(g.graph["inputs"]),
-                                 list(g.graph["outputs"])), axis, size)
+    """``diagram`` with ``axis`` relabelled to ``size`` everywhere (q → g_q); memoised (a
+    search relabels the same bodies from state after state)."""
+    def make():
+        g = to_graph(diagram)
+        return region_diagram(Region(g, op_order(g), list(g.graph["inputs"]),
+                                     list(g.graph["outputs"])), axis, size)
+    return _RELABELLED.get((diagram,), make, (axis, size))
 
 
 def _resized(ob, axis, size):

@@ -45,6 +45,9 @@ from napkin.hardware import DTYPE_BYTES, get_hardware
 from napkin.region import Site, body_at
 from rewrites import RULES
 
+PATIENCE = 100  # states costed without a better program before the search stops (see search)
+SIGNIFICANT = 0.005  # a better program resets the patience when it is this much faster
+
 
 @dataclass(frozen=True)
 class Move:
@@ -128,6 +131,7 @@ class SearchResult:
     hardware: object = None  # the profile as searched (its GMEM + SMEM view for levels="two")
     pruned: int = 0  # states reached but never costed: nothing derived from them could win
     note: str = ""   # why the best is slow, when it is the one-kernel-per-box fallback
+    stopped: str | None = None  # the search stopped by its patience (not a limit): why
 
     @property
     def first_fit_s(self) -> float:
@@ -148,11 +152,34 @@ class SearchResult:
         if b.bytes:
             parts.append(f"{alt.bytes / b.bytes:.2f}× the bytes moved")
         parts.append(f"bound by {alt.bound_by}")
+        idle = self._idle(alt) if ratio > 1 + 1e-9 and alt.bytes < b.bytes else ""
+        if idle:
+            parts.append(idle)
         if alt.unlowerable and not b.unlowerable:
             parts.append(f"and no kernel backend writes it yet ({alt.unlowerable})")
         elif ratio <= 1 + 1e-9:
             parts.append("no faster, and a longer chain")
         return ", ".join(parts)
+
+
+    def _idle(self, alt: State) -> str:
+        """Where an alternative that moves fewer bytes loses on the chip's occupancy: a
+        kernel of it with fewer blocks than the chip has SMs (a single head's 4096 queries
+        in tiles of 128 are 32 blocks), in words; "" when none."""
+        if alt._report is None:
+            alt._report = self.best._report
+        launches = getattr(alt.tiles, "launch", None) or []
+        try:
+            sms = self.hardware.instances(self.hardware.levels[1].name)
+        except (AttributeError, IndexError, ValueError):
+            return ""
+        short = [k for k in launches if isinstance(k.get("blocks"), (int, float))
+                 and k["blocks"] < sms]
+        if not short:
+            return ""
+        k = min(short, key=lambda k: k["blocks"])
+        return (f"its kernel {k.get('kernel', '')} runs {int(k['blocks'])} blocks on {sms} SMs "
+                f"(the rest of the chip idles)")
 
 
 def _mem_text(mem: dict) -> str:
@@ -181,7 +208,7 @@ def _grouped_axes(program, path) -> set[str]:
 def moves(program, rules=None, refused: dict | None = None, levels=None):
     """Every applicable rule application (premises checked).  ``refused``, if
     given, collects ``{(rule, axis): reason}`` for proposals whose premises fail."""
-    rules = rules or {k: v for k, v in RULES.items() if v.subsumed_by is None}
+    rules = rules or {k: v for k, v in RULES.items() if v.subsumed_by is None and not v.eager}
     for path in _group_paths(program):
         taken = _grouped_axes(program, path)
         g = view(body_at(program, path))
@@ -244,6 +271,32 @@ def _canonical_nesting(program, path, site, axis) -> bool:
 
 def apply_move(program, move: Move):
     return RULES[move.rule].apply(program, move.site, move.params_dict)
+
+
+def eager_moves(diagram, limit: int = 200) -> tuple:
+    """(program, chain): the eager rules (:attr:`rewrites.base.Rule.eager`: recognition of
+    hand-written forms, recomputation of a value a reduction needs a copy of) applied
+    wherever they apply, the largest site first, until none does — the start of every chain
+    the search makes, so it branches only on partitions."""
+    program, chain = diagram, []
+    eager = {k: r for k, r in RULES.items() if r.eager}
+    for _ in range(limit):
+        for name, rule in eager.items():  # the largest site first: a match inside another
+            for site, params in sorted(rule.candidates(program),  # is the lesser reading
+                                       key=lambda c: -len(c[0].ops)):
+                try:
+                    new = rule.apply(program, site, dict(params))
+                except NapkinError:
+                    continue
+                chain.append(Move(name, site, tuple(sorted(params.items()))))
+                program = new
+                break
+            else:
+                continue
+            break
+        else:
+            return program, tuple(chain)
+    raise NapkinError(f"the eager rules did not settle within {limit} moves")
 
 
 class Evaluator:
@@ -373,7 +426,8 @@ class Evaluator:
 
 def search(diagram, hardware="h100", sizes=None, dtype=None, *, max_states: int = 2000,
            max_seconds: float = 60.0, objective: str = "time", keep: int = 5,
-           levels: str = "two", commute: bool = True, prune: bool = True) -> SearchResult:
+           levels: str = "two", commute: bool = True, prune: bool = True,
+           patience: int | None = PATIENCE) -> SearchResult:
     """Best-first search for the fastest streamed program of ``diagram``.
 
     ``levels``: "two" (GMEM + SMEM, the paper's setting) or "all" (the
@@ -388,12 +442,22 @@ def search(diagram, hardware="h100", sizes=None, dtype=None, *, max_states: int 
     best found (off: every state reached is costed and bounded as it is popped, by its
     written bound alone, as before the frozen top level; for checking the pruning).
 
+    ``patience``: stop once this many states have been costed since the best last
+    improved by more than 0.5 % (a program a backend writes that fits found;
+    ``SearchResult.stopped`` says so);
+    None searches until the frontier is empty or a limit is hit.  Most of an exhaustive
+    search's time goes to proving that a best found early stays best: differential
+    attention's was reached at 40 states of 2000.
+
     ``commute``: apply two moves that rewrite disjoint boxes in one order only (a
     partial-order reduction, checked move by move); off, every order is applied and
     the duplicates meet in one state by their canonical form."""
+    if patience is not None and (isinstance(patience, bool) or not isinstance(patience, int)
+                                 or patience < 1):
+        raise NapkinError(f"patience must be a positive integer or None, got {patience!r}")
     with _collector_paused():
         return _search(diagram, hardware, sizes, dtype, max_states, max_seconds, objective,
-                       keep, levels, commute, prune)
+                       keep, levels, commute, prune, patience)
 
 
 @contextlib.contextmanager
@@ -412,26 +476,30 @@ def _collector_paused():
 
 
 def _search(diagram, hardware, sizes, dtype, max_states, max_seconds, objective, keep, levels,
-            commute, prune):
+            commute, prune, patience):
     t0 = time.perf_counter()
+    start = eager_moves(diagram)
     if levels == "all":
-        coarse = _best_first([diagram], Evaluator(hardware, sizes or {}, dtype, objective, "two"),
-                             max_states, max_seconds, t0, commute=commute, prune=prune)
+        coarse = _best_first([start], Evaluator(hardware, sizes or {}, dtype, objective, "two"),
+                             max_states, max_seconds, t0, commute=commute, prune=prune,
+                             patience=patience, algorithm=diagram)
         ev = Evaluator(hardware, sizes or {}, dtype, objective, "all")
         ranked = sorted((s for s in coarse.states() if s.feasible), key=lambda s: s.time_s)
-        seeds = [(s.program, s.chain) for s in ranked[:keep]] or [(diagram, ())]
+        seeds = [(s.program, s.chain) for s in ranked[:keep]] or [start]
         fine = _best_first(seeds, ev, max_states, max_seconds, t0, refine=True,
-                           algorithm=diagram, commute=commute, prune=prune)
+                           algorithm=diagram, commute=commute, prune=prune, patience=patience)
         fine.states_seen += coarse.states_seen
         fine.expanded += coarse.expanded
         fine.commuted += coarse.commuted
         fine.pruned += coarse.pruned
         fine.refused = coarse.refused
         fine.limit = fine.limit or coarse.limit
+        fine.stopped = fine.stopped or coarse.stopped
         return fine.result(diagram, ev, keep, t0)
     ev = Evaluator(hardware, sizes or {}, dtype, objective, levels)
-    return _best_first([diagram], ev, max_states, max_seconds, t0,
-                       commute=commute, prune=prune).result(diagram, ev, keep, t0)
+    return _best_first([start], ev, max_states, max_seconds, t0, commute=commute,
+                       prune=prune, patience=patience, algorithm=diagram).result(diagram, ev,
+                                                                                 keep, t0)
 
 
 @dataclass
@@ -445,6 +513,8 @@ class _Run:
     pruned: int = 0      # states reached but not costed: nothing derived from them can win
     states_seen: int = 0
     limit: str | None = None
+    stopped: str | None = None  # why the search stopped short of an empty frontier (patience)
+    since_best: int = 0  # states costed since the best last improved
     refused: dict = field(default_factory=dict)
     buckets: dict = field(default_factory=dict)  # canonical hash -> node keys
 
@@ -504,7 +574,7 @@ class _Run:
         best._report = ev
         return SearchResult(diagram, best, ranked, self.states_seen, self.expanded,
                             time.perf_counter() - t0, self.limit, self.graph, self.bound,
-                            self.refused, self.commuted, ev.hw, self.pruned, note)
+                            self.refused, self.commuted, ev.hw, self.pruned, note, self.stopped)
 
 
 def _refinements() -> dict:
@@ -516,7 +586,7 @@ def _refinements() -> dict:
 
 def _best_first(roots, ev: "Evaluator", max_states: int, max_seconds: float, t0: float,
                 refine: bool = False, algorithm=None, commute: bool = True,
-                prune: bool = True) -> _Run:
+                prune: bool = True, patience: int | None = None) -> _Run:
     """Best-first from ``roots`` (diagrams, or (program, chain) pairs) of ``algorithm``
     (default: the first root).  ``refine``: only the refinements (:func:`_refinements`),
     each at sites inside an existing group unless it only relabels levels."""
@@ -614,14 +684,28 @@ def _best_first(roots, ev: "Evaluator", max_states: int, max_seconds: float, t0:
         return False
 
     partly = ""  # set when the clock stops an expansion halfway
-    while frontier and not partly:
+    # a dive first: expand the best new child of the state just expanded until a program a
+    # backend writes fits — an early incumbent, so that pruning and patience start at once
+    # (best-first from the root spends hundreds of states on programs that fit nowhere)
+    dive, expanded = None, set()
+    while (frontier or dive is not None) and not partly:
         if run.graph.number_of_nodes() >= max_states:
             run.limit = f"state limit {max_states} reached ({len(frontier)} states unexpanded)"
             break
         if time.perf_counter() - t0 > max_seconds:
             run.limit = f"time limit {max_seconds:g} s reached ({len(frontier)} states unexpanded)"
             break
-        *_, state = heapq.heappop(frontier)
+        if patience is not None and run.since_best >= patience and run.best.feasible \
+                and not run.best.unlowerable:
+            run.stopped = (f"patience: no better program in the {run.since_best} states "
+                           f"costed since the best ({len(frontier)} states unexpanded)")
+            break
+        if dive is not None:
+            state, dive = dive, None
+        else:
+            *_, state = heapq.heappop(frontier)
+        if state.key in expanded:
+            continue  # (reached first by the dive)
         if run.best.feasible and run.bound >= run.best.time_s * (1 - 1e-12):
             break  # nothing can beat the best: it meets the lower bound
         if _final(state):
@@ -632,6 +716,8 @@ def _best_first(roots, ev: "Evaluator", max_states: int, max_seconds: float, t0:
             state.applied.clear()
             continue  # nothing derived from it that a backend writes can beat the best
         run.expanded += 1
+        expanded.add(state.key)
+        diving = not (run.best.feasible and not run.best.unlowerable)
         listed = moves_of(state)
         # the top-level moves first: whether one of them leads to a program a backend
         # writes decides whether the children below inherit a frozen top level
@@ -675,9 +761,17 @@ def _best_first(roots, ev: "Evaluator", max_states: int, max_seconds: float, t0:
                 run.pruned += 1
                 continue
             ev(child)
-            run.best = _better(run.best, child)
+            was, run.best = run.best, _better(run.best, child)
+            gain = run.best is not was and not (
+                was.feasible and not was.unlowerable and run.best.feasible
+                and run.best.time_s > was.time_s * (1 - SIGNIFICANT))
+            run.since_best = 0 if gain else run.since_best + 1
             heapq.heappush(frontier, (*_priority(child), next(tie), child))
+            if diving and (dive is None or _priority(child) < _priority(dive)):
+                dive = child
         state.applied.clear()
+        if run.best.feasible and not run.best.unlowerable:
+            dive = None
     run.states_seen = run.graph.number_of_nodes()
     return run
 

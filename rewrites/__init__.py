@@ -11,6 +11,7 @@ from rewrites.logsumexp import LogSumExp
 from rewrites.max_reduce import MaxReduce
 from rewrites.normalized_contraction import NormalizedContraction
 from rewrites.recognize import Recognize
+from rewrites.recompute import Recompute
 from rewrites.relabel_level import RelabelLevel
 from rewrites.softmax_contraction import SoftmaxContraction
 from rewrites.stream_partition import StreamPartition
@@ -19,7 +20,7 @@ from rewrites.sum_contraction import SumContraction
 STREAMABILITY: list[Streamability] = [SoftmaxContraction(), LogSumExp(), MaxReduce(), SumContraction()]
 RULES: dict[str, Rule] = {r.name: r for r in (
     GroupPartition(), StreamPartition(), NormalizedContraction(), HeadGrouping(), RelabelLevel(),
-    Recognize())}
+    Recognize(), Recompute())}
 
 
 def get_rule(name: str) -> Rule:

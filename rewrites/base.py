@@ -47,6 +47,9 @@ class Rule:
     tiles_inside_kernels: bool = False
     # the name of a rule whose moves already reach every program this one's would
     subsumed_by: str | None = None
+    # exact and never a worse start: the search applies it wherever it applies, before it
+    # searches (its moves head every chain), instead of branching on it
+    eager: bool = False
 
     def check(self, program, site: Site, params: dict) -> None:
         raise NotImplementedError

@@ -4,8 +4,9 @@ Matches: a convex region of boxes.  Parameters: ``axis``, group ``size`` (an
 int or a symbol such as ``g_q``), memory ``level`` of the groups.
 Premises: every box of the region is woven over the axis and acts on each index
 independently (no box reduces it, softmaxes over it or streams it) — or computes a
-constant without the axis (no inputs, e.g. positions along another axis, or only
-such constants as inputs: the same in every group, replayed in each); every region
+constant along the axis (no value it touches carries it, and its inputs are broadcast
+inputs or such constants: positions along another axis, a prologue on broadcast inputs;
+the same in every group, replayed in each); every region
 output carries the axis; some input carries it.  Inputs without the axis
 are broadcast: re-sent to every group (this is where transfer cost comes from).
 Replacement: one :class:`~napkin.streamed.Group` box whose body is the region
@@ -55,18 +56,28 @@ def _mixing_reason(box, axis: str) -> str | None:
 
 
 def constants(graph, nodes, axis: str) -> set:
-    """The boxes of ``nodes`` that compute constants without ``axis``: no value they touch
-    carries the axis, and their inputs come from such boxes among ``nodes`` (a box with no
-    inputs — positions along another axis — and what is computed from those alone).  A
-    group replays them in every piece: they are the same in each."""
+    """The boxes of ``nodes`` that compute constants along ``axis``: no value they touch
+    carries the axis, and their inputs come from such boxes among ``nodes`` or from outside
+    ``nodes`` (a box with no inputs — positions along another axis —, a prologue on the
+    broadcast inputs — a LayerNorm's x − μ before a matmul grouped over its output
+    columns —, and what is computed from those alone).  A group replays them in every
+    piece: they are the same in each (the work is counted once per piece)."""
     pool, out = set(nodes), set()
     for n in nodes:  # topological order
         node = graph.nodes[n]
         if any(graph.nodes[v]["ob"].type.has(axis) for v in (*node["ins"], *node["outs"])):
             continue
-        if all(next(iter(graph.predecessors(v)), None) in out for v in node["ins"]):
+        if all((m := next(iter(graph.predecessors(v)), None)) in out or m not in pool
+               for v in node["ins"]):
             out.add(n)
-    return out & pool
+    return out
+
+
+def _reduces(graph, n) -> bool:
+    """Whether op ``n`` reduces an axis (one of its inputs has an axis no output has)."""
+    outs = {a for v in graph.nodes[n]["outs"] for a in graph.nodes[v]["ob"].type.names}
+    return any(a not in outs for v in graph.nodes[n]["ins"]
+               for a in graph.nodes[v]["ob"].type.names)
 
 
 def nested_groups(box):
@@ -166,16 +177,27 @@ class GroupPartition(Rule):
                   and mixing_reason(graph.nodes[n]["box"], axis) is None]
             if not ok:
                 continue
-            # constants without the axis (positions along another axis, and what is computed
-            # from them alone) read only inside are replayed in every group, not broadcast
-            fixed, outputs, chosen = constants(graph, order, axis), set(graph.graph["outputs"]), set(ok)
-            for m in reversed(order):
-                users = [u for v in graph.nodes[m]["outs"] for u in graph.successors(v)]
-                if m in fixed and m not in chosen and users and all(u in chosen for u in users) \
-                        and not outputs & set(graph.nodes[m]["outs"]):
-                    chosen.add(m)
-            ok = [m for m in order if m in chosen]
-            yield Site(tuple(path), tuple(index[n] for n in ok)), {"axis": axis}
+            # constants along the axis (positions along another axis, a prologue on broadcast
+            # inputs, and what is computed from them alone) read only inside are replayed in
+            # every group, not broadcast: all of them, and the elementwise ones only (a
+            # prologue replayed per group; what reduces stays a kernel of its own)
+            fixed, outputs = constants(graph, order, axis), set(graph.graph["outputs"])
+            sites = []
+            for cheap in (False, True):
+                chosen = set(ok)
+                for m in reversed(order):
+                    users = [u for v in graph.nodes[m]["outs"] for u in graph.successors(v)]
+                    if m in fixed and m not in chosen and users \
+                            and all(u in chosen for u in users) \
+                            and not outputs & set(graph.nodes[m]["outs"]) \
+                            and (not cheap or graph.nodes[m]["box"].spec.elementwise
+                                 or not graph.nodes[m]["ins"]):
+                        chosen.add(m)
+                site = tuple(index[n] for n in order if n in chosen)
+                if site not in sites:
+                    sites.append(site)
+                    yield Site(tuple(path), site), {"axis": axis}
+            ok = [m for m in order if m in set(ok) | {order[i] for i in sites[0]}]
             links = nx.Graph()
             links.add_nodes_from(ok)
             for n in ok:
@@ -184,4 +206,18 @@ class GroupPartition(Rule):
             pieces = list(nx.connected_components(links))
             if len(pieces) > 1:
                 for piece in sorted(pieces, key=lambda c: min(index[n] for n in c)):
+                    yield Site(tuple(path), tuple(sorted(index[n] for n in piece))), {"axis": axis}
+            # a kernel's grid grows by this axis on its own, and what is left of the region
+            # becomes a kernel beside it (a LayerNorm's statistics beside the matmul they
+            # feed): one site per group or stream already made that reads a reduction the
+            # body computes (statistics of another pass), and the pieces left
+            for m in ok:
+                if graph.nodes[m]["box"].spec.kind not in ("group", "stream") or len(ok) == 1 \
+                        or not any(_reduces(graph, u) for v in graph.nodes[m]["ins"]
+                                   for u in graph.predecessors(v)):
+                    continue
+                yield Site(tuple(path), (index[m],)), {"axis": axis}
+                rest = links.subgraph([n for n in ok if n != m])
+                for piece in sorted(nx.connected_components(rest),
+                                    key=lambda c: min(index[n] for n in c)):
                     yield Site(tuple(path), tuple(sorted(index[n] for n in piece))), {"axis": axis}

@@ -330,6 +330,7 @@ TABLE: tuple[Recognition, ...] = (
 # ----------------------------------------------------------------------------- the rule
 class Recognize(Rule):
     name = "recognize"
+    eager = True
     summary = ("a softmax, logsumexp, mean, x·x or RMSNorm written by hand becomes the "
                "primitive the streamability rules know (one table of patterns)")
     proof = "proofs.recognize"

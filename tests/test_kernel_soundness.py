@@ -25,6 +25,8 @@ from napkin.errors import NapkinError
 from napkin.lower import lower
 from napkin.region import Site
 from proofs import fuzz
+from outside_algorithms import (document, document_causal, prefix_lm,  # noqa: F401
+                                  t5_relative_bias)
 from rewrites import RULES
 
 F = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)  # noqa: E731
@@ -65,35 +67,6 @@ def test_the_kernel_writers_contractions_match_numpy(data):
 
 
 # ------------------------------------------------------------------ user algorithms
-def t5_relative_bias(q, k, v, table):  # q[h,q,d], k,v[h,x,d], table[h,b]: T5's bucketed bias
-    s = jnp.einsum("hqd,hxd->hqx", q, k) / jnp.sqrt(q.shape[-1])
-    i, j = jnp.arange(q.shape[1])[:, None], jnp.arange(k.shape[1])[None, :]
-    bucket = jnp.clip(j - i + 16, 0, 31)
-    onehot = (bucket[:, :, None] == jnp.arange(table.shape[1])[None, None, :]).astype(jnp.float32)
-    s = s + jnp.einsum("hb,qxb->hqx", table, onehot)   # a one-hot contraction over buckets
-    return jnp.einsum("hqx,hxd->hqd", jax.nn.softmax(s, axis=-1), v)
-
-
-def _masked(q, k, v, keep):
-    s = jnp.einsum("hqd,hxd->hqx", q, k) / jnp.sqrt(q.shape[-1])
-    s = jnp.where(keep, s, -jnp.inf)
-    return jnp.einsum("hqx,hxd->hqd", jax.nn.softmax(s, axis=-1), v)
-
-
-def document(q, k, v, seg_q, seg_k):
-    return _masked(q, k, v, seg_q[:, None] == seg_k[None, :])
-
-
-def document_causal(q, k, v, seg_q, seg_k):
-    i, j = jnp.arange(q.shape[1])[:, None], jnp.arange(k.shape[1])[None, :]
-    return _masked(q, k, v, (seg_q[:, None] == seg_k[None, :]) & (j <= i))
-
-
-def prefix_lm(q, k, v, prefix):  # bidirectional over the first `prefix` keys, causal after
-    i, j = jnp.arange(q.shape[1])[:, None], jnp.arange(k.shape[1])[None, :]
-    return _masked(q, k, v, (j <= i) | (j < prefix))
-
-
 def _reference(fn, xs):
     with jax.enable_x64():
         out = fn(*[np.asarray(a, np.float64) if a.dtype.kind == "f" else a for a in xs])

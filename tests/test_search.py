@@ -328,7 +328,7 @@ def test_states_left_uncosted_change_no_answer(name, sizes):
     HBM is already slower — counting every value between its kernels when no top-level move
     leads anywhere that wins (a frozen top level).  Costing and expanding every state as
     before finds the same best program, at the cost of many more states."""
-    kw = dict(hardware="h100", sizes=sizes, dtype="bf16")
+    kw = dict(hardware="h100", sizes=sizes, dtype="bf16", patience=None)  # both exhaustive
     fast, full = search(get(name).diagram(), **kw), search(get(name).diagram(), prune=False, **kw)
     states = [fast.graph.nodes[n]["state"] for n in fast.graph.nodes]
     pruned = [s for s in states if s.pruned]
