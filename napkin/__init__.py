@@ -7,6 +7,7 @@ This package root re-exports the user-facing core.
 from napkin.arrays import ArrayType, Axis, axes, wire
 from napkin.diagram import Diagram, Id
 from napkin.errors import CompositionError, NapkinError, RuleError, ShapeError
+from napkin import ops  # noqa: F401  (the primitive operations; arithmetic on traced arrays)
 from napkin.jaxpr import from_jax
 from napkin.semantics import evaluate
 from napkin.trace import Array, algorithm, trace

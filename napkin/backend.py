@@ -12,6 +12,14 @@ import jax.numpy as jnp
 import numpy as np
 import sympy
 
+# The large negative used by masks (a finite number, so a fully masked row
+# stays finite; clipped to the dtype's range at evaluation).
+MASK_FILL = -1e30
+# A row whose largest score is below this kept no entry: it is fully masked, and
+# softmax (hence attention) gives it zeros rather than the uniform average the
+# fill alone would give.
+MASKED = MASK_FILL / 2
+
 
 _FP8 = (jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.float8_e5m2))
 
@@ -94,9 +102,8 @@ class JaxBackend:
 
     @staticmethod
     def guard(x, m):
-        """0 where the row statistic m kept no entry (m <= primitives.MASKED: the
+        """0 where the row statistic m kept no entry (m <= MASKED: the
         mask's fill, or −∞), else x; a NaN statistic keeps x, so NaN propagates."""
-        from napkin.primitives import MASKED
         return jnp.where(m <= MASKED, jnp.zeros_like(x), x)
 
     @staticmethod

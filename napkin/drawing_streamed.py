@@ -252,14 +252,14 @@ def _emit(graph):
     from collections import Counter
 
     from napkin.diagram import Diagram
-    from napkin.ir import _Emitter
+    from napkin.ir import Emitter
     obs = lambda v: graph.nodes[v]["ob"]  # noqa: E731
     order = op_order(graph)
     outputs = graph.graph["outputs"]
     remaining = Counter(outputs)
     for n in order:
         remaining.update(graph.nodes[n]["ins"])
-    em = _Emitter(graph.graph["inputs"], obs)
+    em = Emitter(graph.graph["inputs"], obs)
     placed_left = Counter()   # frame -> wires already put at the left by input-less boxes
     for n in order:
         node = graph.nodes[n]

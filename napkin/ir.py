@@ -102,7 +102,7 @@ def ops(graph: nx.DiGraph) -> list[int]:
     return result
 
 
-class _Emitter:
+class Emitter:
     """Emits a diagram layer by layer (one box per layer), tracking the wires.
 
     Building layers directly avoids DisCoPy's ``@``/``>>`` re-checking every
@@ -176,7 +176,7 @@ def to_diagram(graph: nx.DiGraph) -> Diagram:
     if len(set(inputs)) != len(inputs):
         twice = next(v for v in inputs if inputs.count(v) > 1)
         raise GraphError(f"cannot emit the graph as a diagram: input {obs(twice)} is listed twice")
-    em = _Emitter(inputs, obs)
+    em = Emitter(inputs, obs)
     for n in order:
         node = graph.nodes[n]
         remaining.subtract(node["ins"])

@@ -199,7 +199,7 @@ def _positions(g) -> dict:
     return pos
 
 
-def _by_kind(g) -> dict:
+def by_kind(g) -> dict:
     """(kind, fn) -> host op nodes, in op order (memoised on frozen views)."""
     frozen = nx.is_frozen(g)
     if frozen and "_by_kind" in g.graph:
@@ -215,7 +215,7 @@ def _by_kind(g) -> dict:
 def find(pattern: Pattern, graph) -> list[Match]:
     """Every match of ``pattern`` in ``graph`` (one per set of host ops), anchors in op order."""
     out = []
-    for n in _by_kind(graph).get(pattern.key, ()):
+    for n in by_kind(graph).get(pattern.key, ()):
         out += match_at(pattern, graph, n)[0]
     return out
 

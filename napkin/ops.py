@@ -5,6 +5,8 @@ returns the traced output array.  Axes are named by :class:`Axis` or by name.
 """
 from __future__ import annotations
 
+import sys
+
 from napkin.arrays import Axis
 from napkin.errors import NapkinError
 from napkin.primitives import (COMPARE, INTEGER, Cast, Compare, Contract, Fill, Map, Mask,
@@ -238,3 +240,6 @@ def fill(type, value: float, name=None, as_=None) -> Value:
 def apply(spec, *xs: Value, name=None, out_names=None) -> list[Value]:
     """Record any primitive spec (rules replay boxes with it)."""
     return current().apply(spec, list(xs), name, out_names)
+
+
+Value.arithmetic = sys.modules[__name__]  # x + y on traced arrays records ops.add

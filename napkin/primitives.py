@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import sympy
 
 from napkin.arrays import ArrayType, Axis, canonical_dtype
-from napkin.backend import JAX
+from napkin.backend import JAX, MASK_FILL, MASKED  # noqa: F401  (masks' constants, here too)
 from napkin.errors import NapkinError
 
 JNP_DTYPES = {
@@ -42,13 +42,6 @@ INTEGER = ("int32", "int8")
 _LOW_NP = tuple(jnp.dtype(t) for t in (jnp.bfloat16, jnp.float16, jnp.float8_e4m3fn))
 _WIDTH = {"bool": 0, "int8": 1, "int32": 2, "fp8": 3, "bf16": 4, "f16": 4, "f32": 5, "f64": 6}
 
-# The large negative used by masks (a finite number, so a fully masked row
-# stays finite; clipped to the dtype's range at evaluation).
-MASK_FILL = -1e30
-# A row whose largest score is below this kept no entry: it is fully masked, and
-# softmax (hence attention) gives it zeros rather than the uniform average the
-# fill alone would give.
-MASKED = MASK_FILL / 2
 
 
 @dataclass

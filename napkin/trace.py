@@ -43,21 +43,24 @@ class Value:
     def __repr__(self):
         return f"Value({self.ob})"
 
-    # Elementwise arithmetic reads like numpy; imported lazily to avoid a cycle.
-    def __add__(self, o): return _ops().add(self, o)
-    def __radd__(self, o): return _ops().add(o, self)
-    def __sub__(self, o): return _ops().sub(self, o)
-    def __rsub__(self, o): return _ops().sub(o, self)
-    def __mul__(self, o): return _ops().mul(self, o)
-    def __rmul__(self, o): return _ops().mul(o, self)
-    def __truediv__(self, o): return _ops().div(self, o)
-    def __rtruediv__(self, o): return _ops().div(o, self)
-    def __neg__(self): return _ops().neg(self)
+    # Elementwise arithmetic reads like numpy, through the primitive operations napkin.ops
+    # registers here when it is imported (ops builds on this module, not the reverse)
+    arithmetic = None
 
+    def _op(self, name):
+        if Value.arithmetic is None:
+            raise NapkinError("arithmetic on traced arrays needs napkin.ops (import napkin)")
+        return getattr(Value.arithmetic, name)
 
-def _ops():
-    from napkin import ops
-    return ops
+    def __add__(self, o): return self._op("add")(self, o)
+    def __radd__(self, o): return self._op("add")(o, self)
+    def __sub__(self, o): return self._op("sub")(self, o)
+    def __rsub__(self, o): return self._op("sub")(o, self)
+    def __mul__(self, o): return self._op("mul")(self, o)
+    def __rmul__(self, o): return self._op("mul")(o, self)
+    def __truediv__(self, o): return self._op("div")(self, o)
+    def __rtruediv__(self, o): return self._op("div")(o, self)
+    def __neg__(self): return self._op("neg")(self)
 
 
 class Builder:

@@ -4,20 +4,16 @@
 accumulators the stream partition recognises (it offers boxes to the rules with
 the largest claims first: ``Streamability.boxes_per_claim``).
 """
+from rewrites.accumulators import STREAMABILITY
 from rewrites.base import Claim, Rule, Streamability
 from rewrites.group_partition import GroupPartition
 from rewrites.head_grouping import HeadGrouping
-from rewrites.logsumexp import LogSumExp
-from rewrites.max_reduce import MaxReduce
 from rewrites.normalized_contraction import NormalizedContraction
 from rewrites.recognize import Recognize
 from rewrites.recompute import Recompute
 from rewrites.relabel_level import RelabelLevel
-from rewrites.softmax_contraction import SoftmaxContraction
 from rewrites.stream_partition import StreamPartition
-from rewrites.sum_contraction import SumContraction
 
-STREAMABILITY: list[Streamability] = [SoftmaxContraction(), LogSumExp(), MaxReduce(), SumContraction()]
 RULES: dict[str, Rule] = {r.name: r for r in (
     GroupPartition(), StreamPartition(), NormalizedContraction(), HeadGrouping(), RelabelLevel(),
     Recognize(), Recompute())}

@@ -44,7 +44,7 @@ from napkin import ops
 from napkin.arrays import ArrayType
 from napkin.errors import RuleError
 from napkin.ir import ops as op_order, to_diagram, view
-from napkin.match import Pattern, _by_kind, attempt, match_at
+from napkin.match import Pattern, attempt, by_kind, match_at
 from napkin.primitives import Map
 from napkin.region import Site, body_at, inline, region, replace_at
 from napkin.trace import trace
@@ -412,7 +412,7 @@ class Recognize(Rule):
         cached = graph.graph.get(key) if hasattr(graph, "graph") else None
         if cached is not None and cached[0] is self:
             return cached[1]
-        index = _by_kind(graph)
+        index = by_kind(graph)
         found = []
         for entry in self.table.values():
             for pattern in entry.patterns:

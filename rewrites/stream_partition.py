@@ -35,6 +35,7 @@ from napkin.region import Site, body_at, region, replace_at, splice
 from napkin.streamed import Stream
 from napkin.trace import trace
 from rewrites import tiles
+from rewrites.accumulators import STREAMABILITY
 from rewrites.base import Rule, ob, replacement
 from rewrites.group_partition import mixing_reason
 
@@ -42,7 +43,6 @@ from rewrites.group_partition import mixing_reason
 def streamability_rules():
     """The accumulators in the order they claim boxes: the largest claims first, then by
     name (a fixed order: the stream's state, and so its fingerprint, follows it)."""
-    from rewrites import STREAMABILITY
     return sorted(STREAMABILITY, key=lambda rule: (-rule.boxes_per_claim, rule.name))
 
 

@@ -9,7 +9,7 @@ decides what moves where and what is live when); ``Cost.schedule`` is that sched
     c.flops, c.time_s["total"], c.evaluate({"a": 4096, ..., "g_a": 128, ...})
     t = optimize_tiles(program, "h100", {"a": 4096, "b": 4096, "c": 4096}, "f16")
     canonical_form(c).terms -> ((a*c, 0), (2*a*b*c, 1/2))        # H*(M) = Σ α_t·M^(−β_t)
-    c.to_json(sizes); plot_cost(program, "h100", sizes, "cost.png")
+    cost_json(c, sizes); plot_cost(program, "h100", sizes, "cost.png")
 
 Conventions (the paper leaves these open; "Costs" and "Hardware-aware derivation" in the
 paper notes):

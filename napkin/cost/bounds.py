@@ -134,13 +134,13 @@ def crossover(c: Cost, name: str, sizes: Mapping, lo: float = 1.0, hi: float = 2
     """The value of size ``name`` (a tile or an axis) where the program turns compute-bound:
     compute time = the slowest transfer time (bisection in log space; nan if it never
     crosses in [lo, hi]).  ``tied``: other sizes set equal to it (e.g. a chunk = its axis)."""
-    from napkin.cost.model import CostError, _sym_subs
+    from napkin.cost.model import CostError, sym_subs
     ts = c.time_s
     var = sympy.Symbol("_v", positive=True)
     names = (name, *tied)
 
     def fn(expr):
-        e = _sym_subs(expr, {k: v for k, v in sizes.items() if k not in names})
+        e = sym_subs(expr, {k: v for k, v in sizes.items() if k not in names})
         e = e.subs({s: var for s in e.free_symbols if s.name in names})
         if e.free_symbols - {var}:
             raise CostError(f"crossover: no size for "

@@ -32,8 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import sympy
 
-from napkin.cost.model import _fold, compute_times, value_at
-from napkin.cost.optimize import evaluate_on
+from napkin.cost.model import compute_times, evaluate_on, fold, value_at
 from napkin.memo import IdentityMemo
 from napkin.schedule.resources import block_level, kernels as kernel_resources
 
@@ -184,7 +183,7 @@ class Launches:
         useful = np.where(ctas >= slots, ctas / (waves * slots),
                           np.minimum(ctas, hw.sms) / hw.sms)
         # the kernel's own roofline: bytes into each level, and compute, per launch
-        totals, blocks = _fold(k.loop), ev(k.loop.trips)  # one block's, times the blocks
+        totals, blocks = fold(k.loop), ev(k.loop.trips)  # one block's, times the blocks
         moved_b = {}
         for table in (totals.loads_b, totals.stores_b):
             for lv, t in table.items():
@@ -215,7 +214,7 @@ _ARRAYS = ("warps", "stages", "smem", "smem1", "registers", "spilled", "blocks_p
 def _symbols(k) -> set:
     """The size and tile symbols a kernel's launch reads."""
     def make():
-        totals = _fold(k.loop)
+        totals = fold(k.loop)
         exprs = [*k.smem, k.stage, *k.registers, k.ctas, k.steps, k.launches, k.loop.trips,
                  *([k.rows] if k.rows is not None else [])]
         for table in (totals.loads_b, totals.stores_b):

@@ -12,6 +12,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import numpy as np
 import sympy
 
 from napkin.errors import NapkinError
@@ -32,7 +33,7 @@ def _peak_num(cands, sizes: Mapping) -> float:
     return max(value_at(e, sizes) for e in cands)
 
 
-def _sym_subs(expr, sizes: Mapping):
+def sym_subs(expr, sizes: Mapping):
     expr = sympy.sympify(expr)
     try:
         return _subs_cached(expr, tuple(sorted(sizes.items())))
@@ -54,7 +55,7 @@ def _subs_cached(expr, items: tuple):
 def value_at(expr, sizes: Mapping) -> float:
     """The value of a size, cost or time expression at ``sizes`` (axis and tile sizes by
     name); CostError naming the sizes it lacks."""
-    v = _sym_subs(expr, sizes)
+    v = sym_subs(expr, sizes)
     if v.free_symbols:
         raise CostError(f"cannot evaluate {expr}: no value for "
                         f"{', '.join(sorted(map(str, v.free_symbols)))}")
@@ -175,11 +176,6 @@ class Cost:
             out[lv] = cap is None or _peak_num(self.memory_bytes_candidates[lv], sizes) <= cap
         return out
 
-    def to_json(self, sizes: Mapping, **opt) -> dict:
-        from napkin.cost.report import cost_json
-        return cost_json(self, sizes, **opt)
-
-
 def compute_times(flops_by_unit: Mapping, hw: Hardware) -> dict:
     """Seconds per unit for FLOPs by unit: tensor cores at their dtype's peak (or the vector
     units' where the profile has none for it), vector ALUs, SFU (folded into the vector
@@ -231,7 +227,7 @@ class _Totals:
             self.flops[unit] += f * times
 
 
-def _fold(loop: Loop) -> _Totals:
+def fold(loop: Loop) -> _Totals:
     """Totals of one execution of ``loop``'s body (its nested loops times their trips);
     memoised for kernels, which programs share."""
     if loop.kind == "kernel" or (loop.kind == "group" and loop.parallel):
@@ -251,7 +247,7 @@ def _fold_items(loop: Loop) -> _Totals:
             for unit, f in it.flops.items():
                 t.flops[unit] += f
         elif isinstance(it, Loop):
-            t.add(_fold(it), it.trips)
+            t.add(fold(it), it.trips)
     return t
 
 
@@ -266,7 +262,7 @@ def cost(program, hardware, dtype=None, *, intermediates: bool = True) -> Cost:
     peak memory (default); False = only inputs, chunks, state and outputs (the paper's count).
     """
     s = build(program, hardware, dtype, intermediates=intermediates)
-    t = _fold(s.root)
+    t = fold(s.root)
     names = s.levels
     memory, memory_b, cand, cand_b = {}, {}, {}, {}
     for lv in names:
@@ -285,3 +281,33 @@ def cost(program, hardware, dtype=None, *, intermediates: bool = True) -> Cost:
         tiles=s.tiles, contractions=s.contractions, streams=s.streams,
         io_values=sympy.expand(io), intermediates=intermediates, schedule=s,
     )
+
+
+@functools.lru_cache(maxsize=4096)
+def _lambdified(free: tuple, expr):
+    """Compiled numpy function of an expression (states of a search share many)."""
+    return sympy.lambdify(free, expr, "numpy")
+
+
+def evaluate_on(expr, sizes: Mapping, axis_of: Mapping, n: int) -> np.ndarray:
+    """``expr`` at every one of ``n`` tile points: sizes substituted, each free tile taken
+    from ``axis_of`` (its value at every point)."""
+    e = sym_subs(expr, sizes)
+    missing = e.free_symbols - set(axis_of)
+    if missing:
+        raise CostError(f"no size for {', '.join(sorted(map(str, missing)))} "
+                        f"(give it in sizes)")
+    if not (e.free_symbols & set(axis_of)):
+        return np.full(n, float(e))
+    # term by term: a program's total is a sum over its kernels, and the search
+    # meets the same kernels in state after state (each term compiled once)
+    terms = e.args if isinstance(e, sympy.Add) else (e,)
+    out = np.zeros(n)
+    for term in terms:
+        syms = tuple(sorted(term.free_symbols, key=str))  # its own: a key states share
+        if syms:
+            f = _lambdified(syms, term)
+            out += np.broadcast_to(np.asarray(f(*(axis_of[s] for s in syms)), dtype=float), (n,))
+        else:
+            out += float(term)
+    return out

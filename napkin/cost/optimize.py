@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import sympy
 
-from napkin.cost.model import (Cost, CostError, _sym_subs, bytes_per_value, cost as cost_of,
-                               value_at)
+from napkin.cost.model import (Cost, CostError, bytes_per_value, cost as cost_of, evaluate_on,
+                               sym_subs, value_at)
 
 M_SYM = sympy.Symbol("M", positive=True)
 ZERO = sympy.Integer(0)
@@ -231,42 +231,12 @@ def candidates(full: int, multiple: int, power_of_two: bool = True, limit: int =
     return out
 
 
-def _ref_bytes(c: Cost) -> int:
+def reference_bytes(c: Cost) -> int:
     """Bytes per value used to turn a capacity in bytes into values (uniform dtype: exact)."""
     if isinstance(c.dtype, str):
         return bytes_per_value(c.dtype)
     return max(bytes_per_value(c.dtype.get(ob.name, ob.type.dtype) if isinstance(c.dtype, Mapping)
                                else ob.type.dtype) for ob in c.program.dom.inside)
-
-
-@functools.lru_cache(maxsize=4096)
-def _lambdified(free: tuple, expr):
-    """Compiled numpy function of an expression (states of a search share many)."""
-    return sympy.lambdify(free, expr, "numpy")
-
-
-def evaluate_on(expr, sizes: Mapping, axis_of: Mapping, n: int) -> np.ndarray:
-    """``expr`` at every one of ``n`` tile points: sizes substituted, each free tile taken
-    from ``axis_of`` (its value at every point)."""
-    e = _sym_subs(expr, sizes)
-    missing = e.free_symbols - set(axis_of)
-    if missing:
-        raise CostError(f"no size for {', '.join(sorted(map(str, missing)))} "
-                        f"(give it in sizes)")
-    if not (e.free_symbols & set(axis_of)):
-        return np.full(n, float(e))
-    # term by term: a program's total is a sum over its kernels, and the search
-    # meets the same kernels in state after state (each term compiled once)
-    terms = e.args if isinstance(e, sympy.Add) else (e,)
-    out = np.zeros(n)
-    for term in terms:
-        syms = tuple(sorted(term.free_symbols, key=str))  # its own: a key states share
-        if syms:
-            f = _lambdified(syms, term)
-            out += np.broadcast_to(np.asarray(f(*(axis_of[s] for s in syms)), dtype=float), (n,))
-        else:
-            out += float(term)
-    return out
 
 
 class Grid:
@@ -448,7 +418,7 @@ def optimize_tiles(program, hardware=None, sizes: Mapping | None = None, dtype=N
                 transfers=float(g.Hv[best]), transfers_bytes=float(g.Hb[best]),
                 memory_bytes={lv: float(g.mem[lv][best]) for lv in g.mem},
                 time_s=float(g.time[best]), bound_by=g.labels[int(g.which[best])],
-                capacity_values=(cap_level or math.inf) / _ref_bytes(c), multiples=dict(g.mult),
+                capacity_values=(cap_level or math.inf) / reference_bytes(c), multiples=dict(g.mult),
                 candidates=dict(g.cands), evaluated=int(g.n),
                 launch=g.launches.at(best) if g.launches is not None else [],
                 why=g.launches.why(best) if g.launches is not None else "")
@@ -476,7 +446,7 @@ def _continuous(c: Cost, out: Tiles, sizes, level, cap_bytes, mult):
         if t.name in fixed:
             continue
         if M_SYM in e.free_symbols:
-            ray[t] = _sym_subs(e.subs(M_SYM, 1), fixed)
+            ray[t] = sym_subs(e.subs(M_SYM, 1), fixed)
         else:
             ray[t] = None
     mem_b = c.memory_bytes_candidates[level]

@@ -108,7 +108,7 @@ def plot_cost(program, hardware, sizes: Mapping, path, dtype=None, *, level: str
     import numpy as np
 
     from napkin.cost.bounds import lower_bound
-    from napkin.cost.optimize import M_SYM, Grid, _ref_bytes, canonical_form
+    from napkin.cost.optimize import M_SYM, Grid, reference_bytes, canonical_form
     from napkin.errors import NapkinError
 
     c = program if isinstance(program, Cost) else cost_of(program, hardware, dtype,
@@ -117,7 +117,7 @@ def plot_cost(program, hardware, sizes: Mapping, path, dtype=None, *, level: str
     g = Grid(c, sizes, level=level)
     lv = g.level
     cap = c.hardware.level(lv).capacity_bytes
-    q = _ref_bytes(c)
+    q = reference_bytes(c)
     caps = np.geomspace(cap / 64, cap * 16, points)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.8))
     H_int = []

@@ -8,10 +8,11 @@ compiles it to PTX for sm_90 on any machine, and ``napkin.lower.report`` sets
 what Triton allocated beside the schedule's buffers.  See napkin/lower/kernel.py for the scheme,
 napkin/lower/plan.py for the plan and napkin/lower/backends/ for the backends (triton).
 """
-from napkin.lower.kernel import LoweredKernel, export_cuda, lower
+from napkin.lower.kernel import LoweredKernel, export_cuda
+from napkin.lower.program import LoweredProgram, lower
 from napkin.lower.plan import KernelPlan
 from napkin.lower.ptx import CompiledKernel, compile_ptx
 from napkin.lower.traffic import Traffic, hbm_bytes, traffic
 
-__all__ = ["CompiledKernel", "KernelPlan", "LoweredKernel", "Traffic", "compile_ptx",
+__all__ = ["CompiledKernel", "KernelPlan", "LoweredKernel", "LoweredProgram", "Traffic", "compile_ptx",
            "export_cuda", "hbm_bytes", "lower", "traffic"]

@@ -211,7 +211,7 @@ class Writer:
             line = self.lines[i]
             if i in self.values and self.values[i] not in read:
                 continue  # a let's expression is pure: an unread value is dead code
-            read.update(_NAME.findall(line))
+            read.update(NAME.findall(line))
             kept.append(line)
         return kept[::-1]
 
@@ -264,7 +264,7 @@ class Writer:
         return var
 
 
-_NAME = re.compile(r"[A-Za-z_]\w*")
+NAME = re.compile(r"[A-Za-z_]\w*")
 
 # ------------------------------------------------------------------ the backend
 LOG2E = math.log2(math.e)

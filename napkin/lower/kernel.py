@@ -345,32 +345,6 @@ class BoundKernel:
         return getattr(self.kernel, name)
 
 
-def lower(program, tiles: dict, *, backend: str = DEFAULT, interpret="auto", dtype=None,
-          **options):
-    """Lower a streamed program to a Pallas kernel (:class:`LoweredKernel`), or, for a program
-    of several kernels, to a sequence of kernels (:class:`napkin.lower.program.LoweredProgram`)
-    with the values between them in HBM.
-
-    ``tiles``: the size of every group / chunk symbol (``{"g_q": 64, "s_x": 64}``;
-    powers of two for Triton).  ``backend``: a name in ``napkin.lower.backends.BACKENDS``.
-    ``interpret``: "auto" (interpret unless the default device is a GPU), True or False.
-    ``dtype``: the dtype of the kernel's inputs and outputs ("bf16", …); None keeps the
-    program's declared dtypes (arrays of another dtype are cast outside the kernel).
-    Options: ``f32_precision`` ("highest" — exact float32 dots as in the semantics — or
-    "default", TF32 on GPUs), ``name``, ``schedule`` (the program's, from the cost model) or
-    ``hardware`` (to build one; default h100), and the backend's launch parameters (Triton:
-    ``num_warps``, ``num_stages``); ``launches``: for a program of several kernels, each
-    kernel's own launch parameters (a list in the schedule's kernel order).
-    """
-    from napkin.lower.program import LoweredProgram, is_one_kernel
-    if is_one_kernel(program):
-        options.pop("launches", None)
-        return LoweredKernel(program, tiles, backend=backend, interpret=interpret, dtype=dtype,
-                             **options)
-    return LoweredProgram(program, tiles, backend=backend, interpret=interpret, dtype=dtype,
-                          **options)
-
-
 def export_cuda(kernel: LoweredKernel, shapes, device_kind: str = "NVIDIA H100") -> str:
     """Lower the kernel for CUDA on any machine (no GPU needed) and return the MLIR text
     (its backend's export: for Triton, the ``__gpu$xla.gpu.triton`` custom call with the

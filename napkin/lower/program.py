@@ -19,7 +19,9 @@ import numpy as np
 from napkin.arrays import array_types
 from napkin.errors import NapkinError, ShapeError
 from napkin.ir import ops as op_order, view
+from napkin.lower.backends import DEFAULT
 from napkin.lower.emit import identifier
+from napkin.lower.kernel import LoweredKernel
 from napkin.semantics import bind_sizes, fold_boxes
 
 
@@ -66,7 +68,6 @@ class LoweredProgram:
     def __init__(self, program, tiles: dict, *, backend, interpret="auto", dtype=None,
                  f32_precision: str = "highest", name: str | None = None, schedule=None,
                  hardware="h100", launches: list | None = None, **launch):
-        from napkin.lower.kernel import LoweredKernel
         from napkin.schedule import build
         self.program = program
         self.name = name if isinstance(name, str) and name.isidentifier() else "program"
@@ -223,3 +224,28 @@ class LoweredProgram:
 
     def __repr__(self):
         return f"LoweredProgram({self.name}: {self.describe()}, {self.backend.name})"
+
+
+def lower(program, tiles: dict, *, backend: str = DEFAULT, interpret="auto", dtype=None,
+          **options):
+    """Lower a streamed program to a Pallas kernel (:class:`LoweredKernel`), or, for a program
+    of several kernels, to a sequence of kernels (:class:`napkin.lower.program.LoweredProgram`)
+    with the values between them in HBM.
+
+    ``tiles``: the size of every group / chunk symbol (``{"g_q": 64, "s_x": 64}``;
+    powers of two for Triton).  ``backend``: a name in ``napkin.lower.backends.BACKENDS``.
+    ``interpret``: "auto" (interpret unless the default device is a GPU), True or False.
+    ``dtype``: the dtype of the kernel's inputs and outputs ("bf16", …); None keeps the
+    program's declared dtypes (arrays of another dtype are cast outside the kernel).
+    Options: ``f32_precision`` ("highest" — exact float32 dots as in the semantics — or
+    "default", TF32 on GPUs), ``name``, ``schedule`` (the program's, from the cost model) or
+    ``hardware`` (to build one; default h100), and the backend's launch parameters (Triton:
+    ``num_warps``, ``num_stages``); ``launches``: for a program of several kernels, each
+    kernel's own launch parameters (a list in the schedule's kernel order).
+    """
+    if is_one_kernel(program):
+        options.pop("launches", None)
+        return LoweredKernel(program, tiles, backend=backend, interpret=interpret, dtype=dtype,
+                             **options)
+    return LoweredProgram(program, tiles, backend=backend, interpret=interpret, dtype=dtype,
+                          **options)

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from napkin.errors import NapkinError
-from napkin.lower.emit import _NAME, LOW_PRECISION, Recorder, Var, Writer
+from napkin.lower.emit import LOW_PRECISION, NAME, Recorder, Var, Writer
 
 FP8 = np.dtype(jnp.float8_e4m3fn)
 
@@ -68,7 +68,7 @@ class MosaicWriter(Writer):
         for i in range(len(self.lines) - 1, -1, -1):
             if i in self.values and self.values[i] not in read:
                 continue
-            read.update(_NAME.findall(self.lines[i]))
+            read.update(NAME.findall(self.lines[i]))
             kept.add(i)
         return kept
 
