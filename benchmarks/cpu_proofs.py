@@ -13,7 +13,7 @@ import argparse
 import time
 import warnings
 
-from napkin.library import LIBRARY
+from napkin.frontend.library import LIBRARY
 from napkin.lower import ptx
 from napkin.pipeline import optimize
 
@@ -29,7 +29,7 @@ def main() -> None:
             f"{'smem triton':>11} {'ratio':>5} {'regs model':>10} {'regs ptxas':>10} "
             f"{'spills':>6} {'dots':>4} {'wgmma':>5} {'search s':>8} {'compile s':>9}")
     for hw in args.hardware:
-        print(f"\n{hw}, {args.dtype}, default sizes (napkin.library.DEFAULT_SIZES)\n{head}")
+        print(f"\n{hw}, {args.dtype}, default sizes (napkin.frontend.library.DEFAULT_SIZES)\n{head}")
         for name in args.names:
             t0 = time.perf_counter()
             try:

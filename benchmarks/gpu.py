@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from napkin.library import get
+from napkin.frontend.library import get
 from napkin.pipeline import optimize
 
 RESULTS = Path(__file__).parent / "results"
@@ -208,7 +208,7 @@ def mosaic_attention(heads, S, D, g_q, s_x, hw, dtypes=("bf16", "bf16", "bf16"))
 def sweep_rows(a, clock) -> list:
     """The paper's hypothesis on Mosaic's warp-specialised kernel: measured TFLOP/s against
     the Hopper derivation's min(compute roof, HBM roof) over the query rows per block."""
-    from napkin.hopper import hopper_attention_config
+    from napkin.views.hopper import hopper_attention_config
     heads, S, D = (1, 128, 64) if a.smoke else (32, 8192, 128)
     cfg = hopper_attention_config(a.hardware, w_q=64, s_x=64, d=D,
                                   dtypes={"Q": "bf16", "K": "bf16", "V": "bf16"})

@@ -14,11 +14,11 @@ import time
 
 import numpy as np
 
-from napkin.library import LIBRARY
+from napkin.frontend.library import LIBRARY
 from napkin.lower import lower
-from napkin.sampling import sample
+from napkin.frontend.sampling import sample
 from napkin.search import search
-from napkin.semantics import evaluate
+from napkin.core.semantics import evaluate
 
 RAGGED = dict(q=40, x=37, d=20, h=3, k=2, r=3, n=24, v=100, a=40, b=37, c=24, e=40, batch=2,
               f=24)
@@ -26,7 +26,7 @@ DEFAULT = ["attention", "causal_attention", "rmsnorm_matmul", "cross_entropy", "
 
 
 def campaign(name: str, max_states: int) -> tuple:
-    from napkin.certificate import size_symbols
+    from napkin.certify.certificate import size_symbols
     diagram = LIBRARY[name].diagram()
     sizes = {a: RAGGED[a] for a in size_symbols(diagram)}
     r = search(diagram, "h100", sizes, "f32", max_states=max_states)

@@ -13,9 +13,9 @@ import sys
 import time
 
 import napkin
-from napkin.arrays import array_types
-from napkin.errors import NapkinError
-from napkin.library import LIBRARY
+from napkin.core.arrays import array_types
+from napkin.core.errors import NapkinError
+from napkin.frontend.library import LIBRARY
 from napkin.lower.mosaic_module import ModuleFacts, mosaic_module
 from napkin.lower.kernel import export_cuda
 

@@ -22,7 +22,7 @@ import time
 
 import napkin as nk
 from napkin import ops
-from napkin.library import get
+from napkin.frontend.library import get
 from napkin.search import search
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1] / "tests"))

@@ -3,15 +3,21 @@
 Pipeline: diagrams (arrays, primitives, trace) → rules (rewrites/) → search →
 certificates (checked) → lowering (Pallas), all in one call: ``napkin.optimize``.
 This package root re-exports the user-facing core.
+
+Layout, down the pipeline: ``core`` (arrays, diagrams, primitives, semantics) ·
+``frontend`` (trace, ops, weave, the library, from_jax) · rules and proofs (the top-level
+packages ``rewrites`` and ``proofs``) · ``search`` · ``certify`` (certificates, the
+checker) · ``schedule`` (the loop nest) · ``cost`` (a fold over it) · ``hardware`` ·
+``lower`` (kernels) · ``views`` (pseudocode, drawings) · ``pipeline`` · ``cli``.
 """
-from napkin.arrays import ArrayType, Axis, axes, wire
-from napkin.diagram import Diagram, Id
-from napkin.errors import CompositionError, NapkinError, RuleError, ShapeError
-from napkin import ops  # noqa: F401  (the primitive operations; arithmetic on traced arrays)
-from napkin.jaxpr import from_jax
-from napkin.semantics import evaluate
-from napkin.trace import Array, algorithm, trace
-from napkin.weave import weave
+from napkin.core.arrays import ArrayType, Axis, axes, wire
+from napkin.core.diagram import Diagram, Id
+from napkin.core.errors import CompositionError, NapkinError, RuleError, ShapeError
+from napkin.core.semantics import evaluate
+from napkin.frontend import ops  # noqa: F401  (napkin.ops: the primitive operations)
+from napkin.frontend.jaxpr import from_jax
+from napkin.frontend.trace import Array, algorithm, trace
+from napkin.frontend.weave import weave
 
 __all__ = [
     "Array", "ArrayType", "Axis", "CompositionError", "Diagram", "Id", "NapkinError",

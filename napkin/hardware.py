@@ -24,7 +24,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-from napkin.errors import NapkinError
+from napkin.core.errors import NapkinError
 
 KiB = 1024
 MiB = 1024 * KiB

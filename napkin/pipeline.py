@@ -17,7 +17,7 @@ import functools
 from dataclasses import dataclass
 from pathlib import Path
 
-from napkin.errors import NapkinError
+from napkin.core.errors import NapkinError
 
 
 
@@ -60,7 +60,7 @@ class Optimized:
         derivation is symbolic; the checker also draws instances of its own)."""
         if self.source is None:
             return None
-        from napkin.certificate import derive, fingerprint
+        from napkin.certify.certificate import derive, fingerprint
         small, small_tiles = check_instance(self.sizes, self.tiles)
         chosen = {k: v for k, v in self.launch.items() if isinstance(v, int)}  # not "auto"
         cert = derive(self.source, [(m.rule, m.site, m.params_dict) for m in self.chain],
@@ -77,7 +77,7 @@ class Optimized:
             raise NapkinError(f"{self.name} has no certificate: a bare diagram names no "
                               f"algorithm the checker can rebuild; give optimize source="
                               f"'LIBRARY_NAME' or source={{'from': 'FILE.py:NAME'}}")
-        from napkin.checker import check_certificate
+        from napkin.certify.checker import check_certificate
         return check_certificate(self.certificate, numeric=numeric)
 
     def kernel(self, backend: str = "auto", *, interpret="auto", dtype: str | None = None):
@@ -157,14 +157,14 @@ def optimize(algorithm, hardware="h100", sizes: dict | None = None, dtype: str |
     """Search ``algorithm``'s fastest streamed program on ``hardware`` (a profile name,
     a TOML file or a :class:`napkin.hardware.Hardware`).
 
-    ``algorithm``: a library name, a :class:`napkin.library.Algorithm`, a diagram, or
+    ``algorithm``: a library name, a :class:`napkin.frontend.library.Algorithm`, a diagram, or
     ``{"from": "FILE.py:NAME"}`` (FILE's code runs here).  ``source`` names a diagram's
     algorithm for its certificate (a library name or ``{"from": ...}``, relative to
     ``base``, default the current directory); a library name or Algorithm is its own.
     ``sizes``: axis sizes, unset axes taking the library defaults.  ``dtype``: bytes per
     value for the cost model (None: each wire's own dtype).  ``levels``: "two" (GMEM +
     SMEM, the paper's setting) or "all" (the profile's whole hierarchy)."""
-    from napkin.arrays import canonical_dtype
+    from napkin.core.arrays import canonical_dtype
     from napkin.lower.backends import get_backend
     from napkin.search import search  # looked up per call: tests replace it
     name, diagram, source = _resolve(algorithm, source, base)
@@ -187,12 +187,12 @@ def launch_of(tiles, backend) -> dict:
 
 def _resolve(algorithm, source, base) -> tuple[str, object, str | dict | None]:
     """(label, diagram, certificate source) of what :func:`optimize` was given."""
-    from napkin.diagram import is_diagram
-    from napkin.library import LIBRARY, Algorithm, get
+    from napkin.core.diagram import is_diagram
+    from napkin.frontend.library import LIBRARY, Algorithm, get
     if isinstance(algorithm, str):
         diagram, own = get(algorithm).diagram(), algorithm
     elif isinstance(algorithm, dict):
-        from napkin.certificate import load_algorithm
+        from napkin.certify.certificate import load_algorithm
         diagram, own = load_algorithm(algorithm, base).build("f32"), algorithm
     elif isinstance(algorithm, Algorithm):
         diagram = algorithm.diagram()
@@ -213,8 +213,8 @@ def _label(source) -> str:
 def sizes_for(diagram, given: dict, option: str = "sizes") -> dict:
     """Every size symbol of ``diagram`` mapped to an int: ``given``, else the library
     default.  ``option``: how the caller gives sizes, for its errors ("--size")."""
-    from napkin.certificate import size_symbols
-    from napkin.library import DEFAULT_SIZES
+    from napkin.certify.certificate import size_symbols
+    from napkin.frontend.library import DEFAULT_SIZES
     need = sorted(size_symbols(diagram))
     out = {}
     for n in need:

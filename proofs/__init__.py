@@ -5,7 +5,7 @@ Each module's docstring is the human-readable proof (the statement, and the
 argument that carries its finite checks to every size); its ``prove()``
 returns a :class:`ProofResult` listing the obligations it checked (symbolic,
 with the SYMPY backend on the rule's own diagrams; numeric, through
-``napkin.semantics.evaluate``; premises enforced).
+``napkin.core.semantics.evaluate``; premises enforced).
 
 * :func:`prove_all` — one result per rule; a rule whose proof module is
   missing, or lacks ``prove``, or whose proof raises, is a failed result.

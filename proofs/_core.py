@@ -5,10 +5,10 @@ docstring lifts to every size.  Two kinds carry the weight:
 
 * **symbolic** — the rule's own diagrams (obtained by applying the real rule
   from ``rewrites`` to a small generic program) are evaluated with the SYMPY
-  backend (:data:`napkin.backend.SYMPY`) on numpy object arrays of sympy
+  backend (:data:`napkin.core.backend.SYMPY`) on numpy object arrays of sympy
   symbols, through the very primitive definitions the kernels use, and the
   difference of the two sides is canonicalised to 0;
-* **numeric** — both sides through :func:`napkin.semantics.evaluate` (JAX) on
+* **numeric** — both sides through :func:`napkin.core.semantics.evaluate` (JAX) on
   random inputs: float64, large logits, fully masked rows, bfloat16.
 
 Premise checks ("the rule refuses …") guard the side conditions the argument
@@ -27,7 +27,7 @@ from typing import Callable
 import numpy as np
 import sympy
 
-from napkin.sampling import sample  # noqa: F401  (the proofs' inputs: napkin's one sampler)
+from napkin.frontend.sampling import sample  # noqa: F401  (the proofs' inputs: napkin's one sampler)
 
 # --------------------------------------------------------------------------- results
 
@@ -147,15 +147,15 @@ def symbols(prefix: str, shape: tuple[int, ...], integer: bool = False) -> np.nd
 
 
 def sym_ctx(sizes: dict):
-    from napkin.backend import SYMPY
-    from napkin.primitives import EvalContext
+    from napkin.core.backend import SYMPY
+    from napkin.core.primitives import EvalContext
     return EvalContext({size(k) if isinstance(k, str) else k: v for k, v in sizes.items()}, {},
                        SYMPY)
 
 
 def sym_inputs(diagram, sizes: dict) -> list[np.ndarray]:
     """Symbolic arrays for every input of ``diagram`` at the given sizes."""
-    from napkin.arrays import array_types
+    from napkin.core.arrays import array_types
     env = {size(k) if isinstance(k, str) else k: v for k, v in sizes.items()}
     out = []
     for i, (ob, t) in enumerate(zip(diagram.dom.inside, array_types(diagram.dom))):
@@ -279,7 +279,7 @@ class Streamed:
     """A program before and after the stream partition of its whole body."""
     reference: object          # the un-streamed diagram f
     rewritten: object          # the diagram holding the Stream box
-    spec: object               # the napkin.streamed.Stream spec
+    spec: object               # the napkin.core.streamed.Stream spec
     ins: tuple                 # the Stream box's input ArrayTypes
     perm: list[int]            # stream input i is reference input perm[i]
     out_perm: list[int]        # reference output j is stream output out_perm[j]
@@ -295,8 +295,8 @@ _STREAMED: dict = {}
 def stream_rule(diagram, axis: str, chunk="s") -> Streamed:
     """Apply the real ``stream_partition`` rule to every op of ``diagram``
     (memoised per diagram object: building diagrams is the slow part)."""
-    from napkin.ir import ops as op_order, to_graph
-    from napkin.region import Site
+    from napkin.core.ir import ops as op_order, to_graph
+    from napkin.core.region import Site
     from rewrites import RULES
     key = (id(diagram), axis, chunk)
     if key in _STREAMED and _STREAMED[key][0] is diagram:
@@ -312,13 +312,13 @@ def stream_rule(diagram, axis: str, chunk="s") -> Streamed:
 @functools.lru_cache(maxsize=None)
 def library(name: str, dtype: str = "f64"):
     """A library algorithm's diagram (cached: diagrams are immutable)."""
-    from napkin.library import get
+    from napkin.frontend.library import get
     return get(name).diagram(dtype)
 
 
 def _streamed(reference, rewritten) -> Streamed:
-    from napkin.arrays import array_types
-    from napkin.ir import to_graph
+    from napkin.core.arrays import array_types
+    from napkin.core.ir import to_graph
     g = to_graph(rewritten)
     nodes = [n for n in g.nodes if g.nodes[n]["kind"] == "op"]
     streams = [n for n in nodes if getattr(g.nodes[n]["box"].spec, "kind", None) == "stream"]
@@ -334,8 +334,8 @@ def _streamed(reference, rewritten) -> Streamed:
 
 def with_stream(st: Streamed, spec) -> Streamed:
     """The same program with another Stream spec in the box (wrong variants)."""
-    from napkin.ir import to_diagram, to_graph
-    from napkin.op import make_op
+    from napkin.core.ir import to_diagram, to_graph
+    from napkin.core.op import make_op
     g = to_graph(st.rewritten)
     (n,) = [n for n in g.nodes if g.nodes[n]["kind"] == "op"]
     box = g.nodes[n]["box"]
@@ -347,7 +347,7 @@ def fold(st: Streamed, ctx, xs, chunks, finalize: bool = True):
     """Fold the accumulator over chunks of the given lengths (any sequence,
     not only uniform ones) of the reference inputs ``xs``; return the outputs
     in the reference's order, or the state when ``finalize`` is false."""
-    from napkin.semantics import run
+    from napkin.core.semantics import run
     spec, xp = st.spec, ctx.xp
     args = [xs[i] for i in st.perm]
     state = run(spec.init, ctx)
@@ -392,7 +392,7 @@ def accumulator_obligations(proof: Proof, st: Streamed, sizes: dict, what: str,
     4. the Stream box itself (uniform chunks, ragged last) = f;
     and the rewritten program keeps f's type.  ``sizes`` binds the other
     axes (small ints)."""
-    from napkin.semantics import run
+    from napkin.core.semantics import run
     axis_size = _axis_size(st)
     n_sym = axis_size if isinstance(axis_size, sympy.Symbol) else None
 
@@ -483,13 +483,13 @@ def _floating(x) -> bool:
 
 def numeric(lhs, rhs, xs_lhs, xs_rhs=None, sizes_lhs=None, sizes_rhs=None,
             tol: float = 1e-9, nonfinite: bool = False) -> str:
-    """Both sides through :func:`napkin.semantics.evaluate` (64-bit JAX
+    """Both sides through :func:`napkin.core.semantics.evaluate` (64-bit JAX
     enabled for the call); max error relative to max |lhs| must be ≤ ``tol``.
     ``nonfinite``: inputs hold ±∞ or NaN, and both sides must have the same
     non-finite entries (NaN where NaN, −∞ where −∞); otherwise any non-finite
     value fails.  Returns a detail string or raises :class:`Failed`."""
     import jax
-    from napkin.semantics import evaluate
+    from napkin.core.semantics import evaluate
     with jax.enable_x64(True):
         a = evaluate(lhs, sizes_lhs)(*xs_lhs)
         b = evaluate(rhs, sizes_rhs)(*(xs_lhs if xs_rhs is None else xs_rhs))
@@ -521,7 +521,7 @@ def numeric(lhs, rhs, xs_lhs, xs_rhs=None, sizes_lhs=None, sizes_rhs=None,
 
 def refuses(fn: Callable, *needles: str) -> str:
     """The rule raises RuleError (whose message contains every needle)."""
-    from napkin.errors import RuleError
+    from napkin.core.errors import RuleError
     try:
         fn()
     except RuleError as e:
@@ -534,13 +534,13 @@ def refuses(fn: Callable, *needles: str) -> str:
 
 
 def all_ops(diagram, path=()) -> tuple[int, ...]:
-    from napkin.ir import ops as op_order, to_graph
-    from napkin.region import body_at
+    from napkin.core.ir import ops as op_order, to_graph
+    from napkin.core.region import body_at
     return tuple(range(len(op_order(to_graph(body_at(diagram, path))))))
 
 
 def apply_rule(name: str, diagram, params: dict, path=(), ops=None):
-    from napkin.region import Site
+    from napkin.core.region import Site
     from rewrites import RULES
     site = Site(tuple(path), tuple(ops) if ops is not None else all_ops(diagram, path))
     return RULES[name].apply(diagram, site, dict(params))

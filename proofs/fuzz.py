@@ -1,7 +1,7 @@
 """Soundness fuzzing: random algorithms, random rule chains, compared in float64.
 
 An attacker's view of the rules.  :func:`random_algorithm` builds a small
-algorithm from the public primitives (napkin.ops) over axes whose names collide
+algorithm from the public primitives (napkin.frontend.ops) over axes whose names collide
 with the tiles rules like to introduce (``a`` and ``g_a``, ``x`` and ``s_x``),
 with symbolic or integer sizes.  :func:`random_chain` applies rule applications
 proposed by the rules' own ``candidates``, with the default tile names, integer
@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import sympy
 
-from napkin import ops
-from napkin.arrays import Axis
-from napkin.errors import NapkinError, RuleError
-from napkin.ir import ops as op_order, view
-from napkin.region import Site, body_at
-from napkin.trace import Array, trace
+from napkin.frontend import ops
+from napkin.core.arrays import Axis
+from napkin.core.errors import NapkinError, RuleError
+from napkin.core.ir import ops as op_order, view
+from napkin.core.region import Site, body_at
+from napkin.frontend.trace import Array, trace
 
 # Axis names: each pair collides with a default tile of the other (g_a groups a,
 # s_x streams x), and d is a common head dimension that a careless tile might reuse.
@@ -102,13 +102,13 @@ def random_algorithm(ch: Chooser, max_ops: int = 6) -> Algorithm:
     """A random algorithm, now and then a library one, now and then woven over one
     more axis for some of its inputs (as GQA is)."""
     if ch.boolean(0.2):
-        from napkin.library import get
+        from napkin.frontend.library import get
         name = ch.choice(LIBRARY)
         alg = Algorithm(get(name).diagram(), {}, [name])
     else:
         alg = _random_algorithm(ch, max_ops)
     if ch.boolean(0.2):
-        from napkin.weave import weave
+        from napkin.frontend.weave import weave
         names = {a for ob in alg.diagram.dom.inside for a in ob.type.names}
         free = [n for n in ("h", "k", "r") if n not in names]
         n_in = len(alg.diagram.dom.inside)
@@ -313,7 +313,7 @@ def random_chain(alg: Algorithm, ch: Chooser, length: int = 4, tries: int = 8):
 
 # ----------------------------------------------------------------------------- evaluation
 def tile_values(program, sizes: dict, ch: Chooser) -> dict:
-    from napkin.checker import partitions
+    from napkin.certify.checker import partitions
     tiles = {}
     for tile, _ in partitions(program):
         if isinstance(tile, sympy.Symbol) and tile.name not in tiles:
@@ -347,7 +347,7 @@ def random_inputs(diagram, sizes: dict, ch: Chooser, special: bool = True):
 
 def evaluate(program, env, xs):
     import jax
-    from napkin.semantics import evaluate as meaning
+    from napkin.core.semantics import evaluate as meaning
     with jax.enable_x64(True):
         y = jax.jit(meaning(program, env, exact=True))(*xs)
     return [np.asarray(v, np.float64) for v in (y if isinstance(y, tuple) else (y,))]
@@ -384,7 +384,7 @@ def compare(got, want, rtol: float = RTOL) -> str | None:
 def check_chain(alg: Algorithm, programs, chain, ch: Chooser, special: bool = True,
                 every_step: bool = False) -> list[Finding]:
     """Evaluate the algorithm and the rewritten programs at one random instance."""
-    from napkin.certificate import size_symbols
+    from napkin.certify.certificate import size_symbols
     if not programs:
         return []
     sizes = {n: ch.choice(SIZES) for n in sorted(size_symbols(alg.diagram))}
@@ -428,7 +428,7 @@ def check_kernel(alg: Algorithm, program, chain, ch: Chooser, sizes: dict | None
     NapkinError; ``stats["refused"]`` collects the lines); it may never be silently wrong: a
     kernel that runs must agree."""
     import jax
-    from napkin.certificate import size_symbols
+    from napkin.certify.certificate import size_symbols
     from napkin.lower import lower
     sizes = sizes or {n: ch.choice(SIZES + (6, 9, 12)) for n in sorted(size_symbols(alg.diagram))}
     tiles = tiles or {name: ch.choice(KERNEL_TILES)
@@ -462,7 +462,7 @@ def check_kernel(alg: Algorithm, program, chain, ch: Chooser, sizes: dict | None
 def _in_f32(diagram, sizes, xs):
     """The meaning evaluated in float32 (what f32 arithmetic can give at best)."""
     import jax
-    from napkin.semantics import evaluate as meaning
+    from napkin.core.semantics import evaluate as meaning
     y = jax.jit(meaning(diagram, sizes))(*[np.asarray(x, np.float32)
                                           if np.asarray(x).dtype.kind == "f" else x for x in xs])
     return [np.asarray(v, np.float64) for v in (y if isinstance(y, tuple) else (y,))]
@@ -475,7 +475,7 @@ def check_searched(alg: Algorithm, ch: Chooser, max_states: int = 300,
                    stats: dict | None = None) -> list[Finding]:
     """The search's own program for ``alg`` at large sizes, shrunk by ``Optimized.fit`` to
     small ragged ones and lowered (:func:`check_kernel`): what a user runs after a search."""
-    from napkin.certificate import size_symbols
+    from napkin.certify.certificate import size_symbols
     from napkin.pipeline import optimize
     names = sorted(size_symbols(alg.diagram))
     big = {n: ch.choice(SEARCH_SIZES) for n in names}

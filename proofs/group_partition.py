@@ -37,7 +37,7 @@ Checks: the lemma per primitive; composite regions (causal attention over q,
 whose mask needs the offsets; a matmul grouped over a then c) on symbolic
 entries for group sizes 1, 2, 3 at |q| = 3; the premises are enforced (the
 rule refuses to group an axis a box reduces, softmaxes over or drops); and
-numerically, through ``napkin.semantics.evaluate``, causal attention grouped
+numerically, through ``napkin.core.semantics.evaluate``, causal attention grouped
 over q with a ragged group, GQA head-grouped, and a bfloat16 matmul grouped
 over a and c (grouped then streamed attention is checked in
 proofs/stream_partition.py).
@@ -54,10 +54,10 @@ RULE = "group_partition"
 
 def one_box_programs():
     """(label, diagram) for every primitive kind, woven over axis a."""
-    from napkin import ops
-    from napkin.arrays import axes
-    from napkin.primitives import BINARY, PARAM_UNARY, UNARY
-    from napkin.trace import Array, trace
+    from napkin.frontend import ops
+    from napkin.core.arrays import axes
+    from napkin.core.primitives import BINARY, PARAM_UNARY, UNARY, Map
+    from napkin.frontend.trace import Array, trace
     a, b, c = axes("a b c")
     A = lambda *ax: Array(*ax, dtype="f64")  # noqa: E731
     out = []
@@ -69,8 +69,7 @@ def one_box_programs():
     params = {"scale": 2, "softcap": 30, "add_const": 3, "pow": 2, "max_const": 0.5,
               "min_const": -0.5}
     for fn in PARAM_UNARY:
-        add(f"map {fn}", lambda X, fn=fn: ops.apply(__import__("napkin.primitives").primitives.Map(
-            fn, params[fn]), X)[0], {"X": A(a, b)})
+        add(f"map {fn}", lambda X, fn=fn: ops.apply(Map(fn, params[fn]), X)[0], {"X": A(a, b)})
     for fn in BINARY:
         f = getattr(ops, {"add": "add", "sub": "sub", "mul": "mul", "div": "div",
                           "max": "maximum", "min": "minimum", "guard": "guard"}[fn])
@@ -112,7 +111,7 @@ def one_box_programs():
         lambda X, I: ops.take_along_axis(X, I, b), {"X": A(a, b), "I": Array(a, dtype="int32")})
     add("take_along_axis over another axis, broadcast index",
         lambda X, I: ops.take_along_axis(X, I, b), {"X": A(a, b, c), "I": Array(c, dtype="int32")})
-    from napkin.arrays import ArrayType
+    from napkin.core.arrays import ArrayType
     add("fill carrying a", lambda X: ops.add(X, ops.fill(ArrayType((a, b), "f64"), 1.5)),
         {"X": A(a, b)})
     lse = trace(lambda X: ops.logsumexp(X, b), {"X": A(a, b)}, "lse_b")
@@ -127,8 +126,8 @@ def grouped_equals(D, axis, sizes, groups):
     """The Group box the rule builds equals D on symbolic entries, with the group
     size a tile symbol bound to each g and with each g an integer in the program
     (whose last, shorter piece is the body relabelled to its length)."""
-    from napkin.semantics import run
-    from napkin.streamed import tile_symbol
+    from napkin.core.semantics import run
+    from napkin.core.streamed import tile_symbol
     R = apply_rule(RULE, D, {"axis": axis, "size": f"g_{axis}"})
     kinds = [b.spec.kind for b in R.boxes if getattr(b, "spec", None) is not None]
     if kinds != ["group"]:
@@ -145,9 +144,9 @@ def grouped_equals(D, axis, sizes, groups):
 
 
 def prove():
-    from napkin import ops
-    from napkin.arrays import axes
-    from napkin.trace import Array, trace
+    from napkin.frontend import ops
+    from napkin.core.arrays import axes
+    from napkin.frontend.trace import Array, trace
     proof = Proof(RULE, __name__, __doc__)
 
     def lemma():
@@ -166,7 +165,7 @@ def prove():
                                        {"q": 3, "x": 3, "d": 1}, (1, 2, 3)))
 
     def nested():
-        from napkin.semantics import run
+        from napkin.core.semantics import run
         D = library("matmul", "f64")
         R = apply_rule(RULE, D, {"axis": "a", "size": "g_a"})
         R = apply_rule(RULE, R, {"axis": "c", "size": "g_c"}, path=(0,))

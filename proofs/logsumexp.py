@@ -21,7 +21,7 @@ the reals): e^μ·Σ_j e^{x_j − μ} = Σ_j e^{x_j}.
 The accumulator is taken from the rule (``stream_partition`` applied to
 logsumexp_x L) and checked on symbolic entries at (|x|, |y|) ∈
 {(1,1),(1,2),(2,1),(2,2),(3,1)}, folds (1,1,1), (2,1,2), (1,3) and the Stream
-box with ragged chunks.  Numeric checks through ``napkin.semantics.evaluate``:
+box with ragged chunks.  Numeric checks through ``napkin.core.semantics.evaluate``:
 float64 at random sizes, entries offset by ±1e4 (where exp overflows), fully
 masked rows (−1e30 everywhere: the result −1e30 + log |x|) and bfloat16.
 """
@@ -36,9 +36,9 @@ RULE = "logsumexp"
 
 
 def generic(dtype="f64", padding=False, offset=None):
-    from napkin import ops
-    from napkin.arrays import axes
-    from napkin.trace import Array, trace
+    from napkin.frontend import ops
+    from napkin.core.arrays import axes
+    from napkin.frontend.trace import Array, trace
     n, x = axes("n x")
 
     def f(L, *valid):

@@ -18,7 +18,7 @@ bfloat16 values is exact in float32, so the streamed result equals the
 un-streamed one up to the final rounding.
 
 The accumulator is taken from the rule (``stream_partition`` applied to
-max_x X); numeric checks run both sides through ``napkin.semantics.evaluate``
+max_x X); numeric checks run both sides through ``napkin.core.semantics.evaluate``
 with entries around ±1e4, fully masked rows (−1e30 everywhere) and bfloat16.
 """
 from __future__ import annotations
@@ -32,9 +32,9 @@ RULE = "max"
 
 
 def generic(dtype="f64", padding=False, offset=None):
-    from napkin import ops
-    from napkin.arrays import axes
-    from napkin.trace import Array, trace
+    from napkin.frontend import ops
+    from napkin.core.arrays import axes
+    from napkin.frontend.trace import Array, trace
     n, x = axes("n x")
 
     def f(X, *valid):

@@ -19,7 +19,7 @@ output axis) and to ``rmsnorm_matmul`` (where D = rsqrt(mean(x²) + ε)), both
 sides are evaluated with the SYMPY backend on symbolic entries and their
 difference is put over a common denominator and expanded to 0.  The
 premises are checked to be enforced (the rule refuses a factor that carries
-a summed axis).  Numeric checks through ``napkin.semantics.evaluate``:
+a summed axis).  Numeric checks through ``napkin.core.semantics.evaluate``:
 RMSNorm→matmul in float64 and bfloat16, and sigmoid-normalised attention,
 which after this rewrite streams over x with the two plain sums (o, z)
 (B((o, z), (x, y)) = (o + Σ a₁(x)·y, z + Σ a₂(x)), result o / z), against the
@@ -37,9 +37,9 @@ RULE = "normalized_contraction"
 
 def factored(kind: str, dtype="f64"):
     """contract(n ∘ D, V) over x, with ∘ = div or mul, D[q] (or D[q,d])."""
-    from napkin import ops
-    from napkin.arrays import axes
-    from napkin.trace import Array, trace
+    from napkin.frontend import ops
+    from napkin.core.arrays import axes
+    from napkin.frontend.trace import Array, trace
     q, x, d = axes("q x d")
     f = {"div": lambda N, D: ops.div(N, D), "mul": lambda N, D: ops.mul(N, D),
          "mul_left": lambda N, D: ops.mul(D, N), "div_qd": lambda N, D: ops.div(N, D),
@@ -53,7 +53,7 @@ def factored(kind: str, dtype="f64"):
 
 def contraction_site(D):
     """The op index of the (last) contraction."""
-    from napkin.ir import ops as op_order, to_graph
+    from napkin.core.ir import ops as op_order, to_graph
     g = to_graph(D)
     idx = [i for i, n in enumerate(op_order(g)) if g.nodes[n]["box"].spec.kind == "contract"]
     return idx[-1]
@@ -65,9 +65,9 @@ def rewrite(D):
 
 def sigmoid_attention(dtype="f64"):
     """P = sigmoid(S) / Σ_x sigmoid(S); O = P·V (a normaliser instead of softmax)."""
-    from napkin import ops
-    from napkin.arrays import axes
-    from napkin.trace import Array, trace
+    from napkin.frontend import ops
+    from napkin.core.arrays import axes
+    from napkin.frontend.trace import Array, trace
     import sympy
     q, x, d = axes("q x d")
 
@@ -81,7 +81,7 @@ def sigmoid_attention(dtype="f64"):
 
 
 def prove():
-    from napkin.semantics import run
+    from napkin.core.semantics import run
     proof = Proof(RULE, __name__, __doc__)
 
     def symbolic(D, sizes):

@@ -2,7 +2,7 @@
 into a primitive that computes the same function.
 
 Statement.  Let a host program contain a match of an entry's pattern
-(:mod:`napkin.match`: the pattern's ops, at any axis names, woven over any
+(:mod:`napkin.core.match`: the pattern's ops, at any axis names, woven over any
 extra axes, interior values read only inside the match).  Replacing the match
 by the entry's right-hand side leaves the program's function unchanged over
 the reals, for every size of every axis — on every row that keeps an entry
@@ -60,7 +60,7 @@ hand-written forms overflow (non-finite) while their primitives — the shifted,
 numerically safe form of the same function — agree with the shifted
 hand-written form.  The softmax primitives define a row whose entries are all
 at or below the mask threshold (−5e29: −∞, or the mask's fill) as zeros
-(napkin.primitives.MASKED), as the streamed softmax-contraction accumulator
+(napkin.core.primitives.MASKED), as the streamed softmax-contraction accumulator
 computes it; the hand-written form gives NaN for a row of −∞ and the average
 over the masked entries for a row of the fill.  That is the one place the
 rewrite changes values, by the library's convention, and it is checked as
@@ -124,8 +124,8 @@ def instance(entry, inputs: dict, var_map: dict, sizes: dict | None = None, dtyp
     with these host axes (symbolic sizes, or ints from ``sizes``), the pattern's axis
     variables named by ``var_map``, its constants ``eps`` (a value or a symbol for every
     constant variable; default :data:`CONSTS`)."""
-    from napkin.arrays import Axis
-    from napkin.trace import Array, trace
+    from napkin.core.arrays import Axis
+    from napkin.frontend.trace import Array, trace
     sizes = sizes or {}
     ax = {}
     for names in inputs.values():
@@ -143,8 +143,8 @@ def instance(entry, inputs: dict, var_map: dict, sizes: dict | None = None, dtyp
 def recognized(rule, entry, D):
     """The real rule at its own proposal for the whole of ``D`` (which must be one match of
     ``entry``): the rewritten program."""
-    from napkin.ir import view
-    from napkin.region import Site
+    from napkin.core.ir import view
+    from napkin.core.region import Site
     props = rule.proposals(view(D))
     n_ops = len([b for b in D.boxes if getattr(b, "spec", None) is not None])
     whole = tuple(range(n_ops))
@@ -162,7 +162,7 @@ def _sym_sizes(inputs, n_red, red):
 def symbolic(rule, entry, lengths=(1, 2, 3)) -> str:
     """lhs = rhs on symbolic entries for each instance and reduced length (every variant:
     the first at every instance, the others at the first, lengths up to 2)."""
-    from napkin.semantics import run
+    from napkin.core.semantics import run
     done = []
     cases = [(0, inputs, var_map, lengths) for inputs, var_map in INSTANCES.get(entry.name, ())]
     cases += [(k, *INSTANCES[entry.name][0], lengths[:2]) for k in range(1, len(entry.variants))]
@@ -235,7 +235,7 @@ def numeric_overflow(rule, entry, rng) -> str:
     """The unshifted hand-written form overflows at logits of ±1000, its primitive does not
     and equals the shifted hand-written form there."""
     import jax
-    from napkin.semantics import evaluate
+    from napkin.core.semantics import evaluate
     from rewrites.recognize import TABLE
     shifted = next(e for e in TABLE if e.name == entry.name.replace("_unshifted", ""))
     inputs, var_map = INSTANCES[entry.name][0]
@@ -257,8 +257,8 @@ def masked_rows(rule, entry) -> str:
     hand-written form: NaN, and the average over the masked entries); every other row is
     the same.  With a finite sink those rows keep the sink: both sides agree."""
     import jax
-    from napkin.primitives import MASK_FILL
-    from napkin.semantics import evaluate
+    from napkin.core.primitives import MASK_FILL
+    from napkin.core.semantics import evaluate
     inputs, var_map = INSTANCES[entry.name][0]
     D = instance(entry, inputs, var_map)
     R = recognized(rule, entry, D)
@@ -306,7 +306,7 @@ def masked_rows(rule, entry) -> str:
 
 def lse_minus_inf(rule, entry) -> str:
     import jax
-    from napkin.semantics import evaluate
+    from napkin.core.semantics import evaluate
     inputs, var_map = INSTANCES[entry.name][0]
     D = instance(entry, inputs, var_map)
     R = recognized(rule, entry, D)
@@ -326,7 +326,7 @@ def hosts():
     """Programs that are NOT instances, each with the pattern tried, the expected words of
     the refusal and what it shows."""
     import napkin as nk
-    from napkin import ops
+    from napkin.frontend import ops
     n, v, d = nk.axes("n v d")
 
     def two_axes(X):
@@ -392,9 +392,9 @@ def refused_everywhere(rule, name, D, needles) -> str:
     """The rule proposes nothing for ``name`` in ``D``, and at the site of every op of
     ``D`` up to the last that could end the pattern it refuses with ``needles`` in its
     reason."""
-    from napkin.ir import ops as op_order, view
-    from napkin.match import anchor_key
-    from napkin.region import Site
+    from napkin.core.ir import ops as op_order, view
+    from napkin.core.match import anchor_key
+    from napkin.core.region import Site
     g = view(D)
     props = [p for p in rule.proposals(g) if p[1] == name]
     if props:
@@ -442,7 +442,7 @@ def prove():
 # ----------------------------------------------------------------------------- wrong variants
 def _wrong_table():
     """Plausible but wrong table entries: each must fail the obligations above."""
-    from napkin import ops
+    from napkin.frontend import ops
     from rewrites.recognize import (Recognition, kept_axes, logsumexp_rhs, mean_rhs,
                                     sink_attention_const_rhs, softmax_rhs)
 
@@ -462,7 +462,7 @@ def _wrong_table():
         return ops.div(e, ops.sum_(e, v, name="the sum"), name="the division")
 
     def sink_unshifted_mass(S, V, *, x, c):  # the sink's mass exp(c), not exp(c − m)
-        from napkin.primitives import Map
+        from napkin.core.primitives import Map
         mx = ops.apply(Map("max_const", c), ops.max_(S, x, name="the max"),
                        name="the max with the sink")[0]
         p = ops.exp(ops.sub(S, mx, name="the subtraction"), name="the exponential")

@@ -28,7 +28,7 @@ RULE = "recompute"
 
 def _programs():
     import napkin as nk
-    from napkin import ops
+    from napkin.frontend import ops
     n, d = nk.axes("n d")
 
     def layernorm(X, G):
@@ -44,19 +44,19 @@ def _programs():
 
 
 def _site_of(D, name):
-    from napkin.ir import ops as op_order, view
+    from napkin.core.ir import ops as op_order, view
     g = view(D)
     return next(i for i, m in enumerate(op_order(g)) if g.nodes[m]["box"].name == name)
 
 
 def _rewritten(D, index):
-    from napkin.region import Site
+    from napkin.core.region import Site
     from rewrites import RULES
     return RULES[RULE].apply(D, Site((), (index,)), {})
 
 
 def _symbolic_equal(D, R, sizes):
-    from napkin.semantics import run
+    from napkin.core.semantics import run
     ctx, xs = sym_ctx(sizes), sym_inputs(D, sizes)
     for u, v in zip(run(D, ctx, *xs), run(R, ctx, *xs)):
         for s, t in zip(np.asarray(u).flat, np.asarray(v).flat):
@@ -67,8 +67,8 @@ def _symbolic_equal(D, R, sizes):
 def _swapped_copy(D, index):
     """A wrong recompute: the copy of a subtraction reads its inputs the other way round."""
     from discopy import markov
-    from napkin.ir import ops as op_order, to_diagram, to_graph
-    from napkin.op import make_op
+    from napkin.core.ir import ops as op_order, to_diagram, to_graph
+    from napkin.core.op import make_op
     R = _rewritten(D, index)
     g = to_graph(R)
     subs = [m for m in op_order(g) if g.nodes[m]["box"].name == "sub"]
@@ -81,7 +81,7 @@ def _swapped_copy(D, index):
 
 
 def prove():
-    from napkin.ir import ops as op_order, view
+    from napkin.core.ir import ops as op_order, view
     proof = Proof(RULE, __name__, __doc__)
     cases = [(D, _site_of(D, name)) for D, name in _programs()]
 
@@ -131,7 +131,7 @@ def prove():
                 "numeric")
 
     def premises():
-        from napkin.region import Site
+        from napkin.core.region import Site
         from rewrites import RULES
         D, i = cases[0]
         rule = RULES[RULE]

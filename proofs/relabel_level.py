@@ -6,7 +6,7 @@ program's meaning unchanged; only its cost changes.
 
 Proof (by construction).  The rule rebuilds the box as
 Group(axis, size, body, level′) with the same axis, size and the same body
-object, on the same input wires.  ``Group.evaluate`` (napkin.streamed) reads
+object, on the same input wires.  ``Group.evaluate`` (napkin.core.streamed) reads
 ``axis``, ``size`` and ``body`` and never ``level``; the semantics functor
 maps a box to its spec's ``evaluate``; so the two programs denote the same
 function.  The checks confirm each step on the real rule: the rewritten box
@@ -29,7 +29,7 @@ RULE = "relabel_level"
 
 
 def prove():
-    from napkin.semantics import run
+    from napkin.core.semantics import run
     proof = Proof(RULE, __name__, __doc__)
     D = library("causal_attention", "f64")
     box = {}

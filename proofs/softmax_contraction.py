@@ -37,7 +37,7 @@ applied to softmax_x(S)·V and the resulting Stream box's init/update/finalize
 are evaluated with the SYMPY backend on symbolic S and V; the expressions are
 canonicalised (expand, powsimp with the Max terms as atoms, common
 denominator) to 0.  The numeric checks run both sides through
-``napkin.semantics.evaluate``: float64 at random sizes with ragged last
+``napkin.core.semantics.evaluate``: float64 at random sizes with ragged last
 chunks, logits offset by ±1e4 (overflow in a naive exp), fully masked rows
 (a padding mask; every entry −1e30, where the result is the mean of v) and
 rows whose first chunks are masked (causal with q > x, sliding window), and
@@ -68,9 +68,9 @@ RULE = "softmax_contraction"
 
 def generic(dtype="f64"):
     """softmax over x of S[q,x], contracted with V[x,d] over x."""
-    from napkin import ops
-    from napkin.arrays import axes
-    from napkin.trace import Array, trace
+    from napkin.frontend import ops
+    from napkin.core.arrays import axes
+    from napkin.frontend.trace import Array, trace
     q, x, d = axes("q x d")
     return trace(lambda S, V: ops.contract(ops.softmax(S, x, as_="P"), V, out=(q, d), as_="O"),
                  {"S": Array(q, x, dtype=dtype), "V": Array(x, d, dtype=dtype)}, "softmax·V")
@@ -78,9 +78,9 @@ def generic(dtype="f64"):
 
 def generic_sink(dtype="f64"):
     """softmax over x of S[q,x] with a sink s[q], contracted with V[x,d] over x."""
-    from napkin import ops
-    from napkin.arrays import axes
-    from napkin.trace import Array, trace
+    from napkin.frontend import ops
+    from napkin.core.arrays import axes
+    from napkin.frontend.trace import Array, trace
     q, x, d = axes("q x d")
     return trace(lambda S, s, V: ops.contract(ops.softmax(S, x, sink=s, as_="P"), V,
                                               out=(q, d), as_="O"),
@@ -90,9 +90,9 @@ def generic_sink(dtype="f64"):
 
 def attention_with(dtype="f64", offset=None, padding=False):
     """Attention whose scores get a constant offset and/or a padding mask."""
-    from napkin import ops
-    from napkin.arrays import axes
-    from napkin.trace import Array, trace
+    from napkin.frontend import ops
+    from napkin.core.arrays import axes
+    from napkin.frontend.trace import Array, trace
     import sympy
     q, x, d = axes("q x d")
 

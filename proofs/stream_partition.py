@@ -37,7 +37,7 @@ replayed on every chunk at the chunk's offset; positions along q: invariant)
 pass; the label, an integer symbol, read whole by every chunk) — and the fused accumulator is verified on symbolic entries like any
 accumulator (base case, law, folds, the Stream box with ragged chunks).
 The premises are checked to be enforced.  Numerically, through
-``napkin.semantics.evaluate``: linear cross-entropy (float64 at random sizes,
+``napkin.core.semantics.evaluate``: linear cross-entropy (float64 at random sizes,
 logits ~1e4; bfloat16), RMSNorm→matmul factored, grouped and streamed, and
 causal attention grouped over queries then streamed over keys inside the
 group (FlashAttention).
@@ -53,9 +53,9 @@ RULE = "stream_partition"
 
 
 def max_plus_mean(dtype="f64"):
-    from napkin import ops
-    from napkin.arrays import axes
-    from napkin.trace import Array, trace
+    from napkin.frontend import ops
+    from napkin.core.arrays import axes
+    from napkin.frontend.trace import Array, trace
     n, x = axes("n x")
 
     def f(X):
@@ -65,10 +65,10 @@ def max_plus_mean(dtype="f64"):
 
 
 def prove():
-    from napkin import ops
-    from napkin.arrays import axes
-    from napkin.library import get
-    from napkin.trace import Array, trace
+    from napkin.frontend import ops
+    from napkin.core.arrays import axes
+    from napkin.frontend.library import get
+    from napkin.frontend.trace import Array, trace
     proof = Proof(RULE, __name__, __doc__)
     cases = [("linear cross-entropy over v", library("linear_cross_entropy", "f64"), "v",
               {"n": 1, "d": 2}, {"logsumexp", "sum_contraction"}),

@@ -19,7 +19,7 @@ finalize uses.  The checks apply the rule (``stream_partition``) to three
 generic programs — A[x,d]·B[x,e] → C[d,e], sum_x X and mean_x X — and verify
 base case, accumulator law, folds and the Stream box on symbolic entries
 (the identity is linear: expand decides it, term by term, for any lengths).
-Numeric checks through ``napkin.semantics.evaluate``: a matmul streamed over
+Numeric checks through ``napkin.core.semantics.evaluate``: a matmul streamed over
 its contracted axis at random sizes with a ragged last chunk (float64), the
 mean with a ragged chunk (the 1/|x| must be the full length), and bfloat16
 inputs accumulated in float32.
@@ -47,18 +47,18 @@ RULE = "sum_contraction"
 
 
 def contraction(dtype="f64"):
-    from napkin import ops
-    from napkin.arrays import axes
-    from napkin.trace import Array, trace
+    from napkin.frontend import ops
+    from napkin.core.arrays import axes
+    from napkin.frontend.trace import Array, trace
     x, d, e = axes("x d e")
     return trace(lambda A, B: ops.contract(A, B, out=(d, e), as_="C"),
                  {"A": Array(x, d, dtype=dtype), "B": Array(x, e, dtype=dtype)}, "A·B")
 
 
 def reduction(fn, dtype="f64"):
-    from napkin import ops
-    from napkin.arrays import axes
-    from napkin.trace import Array, trace
+    from napkin.frontend import ops
+    from napkin.core.arrays import axes
+    from napkin.frontend.trace import Array, trace
     n, x = axes("n x")
     f = {"sum": ops.sum_, "mean": ops.mean}[fn]
     return trace(lambda X: f(X, x, as_="s"), {"X": Array(n, x, dtype=dtype)}, f"{fn}_x")
@@ -66,9 +66,9 @@ def reduction(fn, dtype="f64"):
 
 def take(dtype="f64"):
     """take_along_axis over x of X[n,x] at an integer index I[n]."""
-    from napkin import ops
-    from napkin.arrays import axes
-    from napkin.trace import Array, trace
+    from napkin.frontend import ops
+    from napkin.core.arrays import axes
+    from napkin.frontend.trace import Array, trace
     n, x = axes("n x")
     return trace(lambda X, I: ops.take_along_axis(X, I, x, as_="t"),
                  {"X": Array(n, x, dtype=dtype), "I": Array(n, dtype="int32")}, "take_x")

@@ -1,7 +1,7 @@
 """Negative checks: plausible but wrong accumulators that the proofs must reject.
 
 Each variant is a Stream box built by hand — the rule's init and finalize,
-with an update diagram traced with ``napkin.ops`` — and is run through the
+with an update diagram traced with ``napkin.frontend.ops`` — and is run through the
 SAME obligation checker as the real rules (proofs._core.accumulator_obligations
 and the same numeric comparison).  ``prove_wrong()`` returns one ProofResult
 per variant; every one must be *not ok*, its failed obligations naming what
@@ -33,13 +33,13 @@ from proofs._core import (CHUNK, SIZES, Proof, ProofResult, accumulator_obligati
 
 
 def _trace_like(fn, diagram, name):
-    from napkin.trace import trace
+    from napkin.frontend.trace import trace
     return trace(fn, [(ob.name, ob.type) for ob in diagram.dom.inside], name)
 
 
 def softmax_without_rescale():
     """(Streamed program, description) of variant 1."""
-    from napkin import ops
+    from napkin.frontend import ops
     from proofs._core import stream_rule
     from proofs.softmax_contraction import generic
     st = stream_rule(generic(), "x")
@@ -58,8 +58,8 @@ def softmax_without_rescale():
 
 def max_with_sum():
     """(Streamed program) of variant 2: m′ = m + max y from m = 0."""
-    from napkin import ops
-    from napkin.trace import trace
+    from napkin.frontend import ops
+    from napkin.frontend.trace import trace
     from proofs._core import stream_rule
     from proofs.max_reduce import generic
     st = stream_rule(generic(), "x")
@@ -77,8 +77,8 @@ def max_with_sum():
 
 def take_ignoring_offsets():
     """Variant 3: the update's take reads chunk-local positions."""
-    from napkin import ops
-    from napkin.primitives import EvalContext, TakeAlong
+    from napkin.frontend import ops
+    from napkin.core.primitives import EvalContext, TakeAlong
     from proofs._core import stream_rule
     from proofs.sum_contraction import take
 
@@ -106,7 +106,7 @@ def take_ignoring_offsets():
 
 def sink_in_every_update():
     """Variant 4: the sink's exp(s − m) added by every update, not once by the finalize."""
-    from napkin import ops
+    from napkin.frontend import ops
     from proofs._core import stream_rule
     from proofs.softmax_contraction import generic_sink
     st = stream_rule(generic_sink(), "x")

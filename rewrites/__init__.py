@@ -21,7 +21,7 @@ RULES: dict[str, Rule] = {r.name: r for r in (
 
 def get_rule(name: str) -> Rule:
     if name not in RULES:
-        from napkin.errors import RuleError
+        from napkin.core.errors import RuleError
         raise RuleError(f"unknown rule {name!r}; known: {', '.join(RULES)}")
     return RULES[name]
 

@@ -1,7 +1,7 @@
 """What a rule is: data plus a check/apply pair (as in PyZX), backed by a proof.
 
-A :class:`Rule` rewrites a program at a :class:`~napkin.region.Site` with JSON
-parameters.  ``check`` raises :class:`~napkin.errors.RuleError` naming the
+A :class:`Rule` rewrites a program at a :class:`~napkin.core.region.Site` with JSON
+parameters.  ``check`` raises :class:`~napkin.core.errors.RuleError` naming the
 failed premise, in words; ``apply`` checks, then returns the new program.
 ``candidates`` proposes sites and parameters for a search; ``proof`` names the
 module under ``proofs/`` that proves the rule sound for all sizes.
@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 
 import sympy
 
-from napkin.arrays import ArrayType
-from napkin.errors import RuleError
-from napkin.memo import IdentityMemo
-from napkin.region import Site, region_key
+from napkin.core.arrays import ArrayType
+from napkin.core.errors import RuleError
+from napkin.core.memo import IdentityMemo
+from napkin.core.region import Site, region_key
 
 
 _BUILT = IdentityMemo(20000)
@@ -27,7 +27,7 @@ _BUILT = IdentityMemo(20000)
 
 def replacement(rule: str, params: tuple, reg, make):
     """The box ``make()`` builds to replace region ``reg``, memoised by the region's
-    content (:func:`napkin.region.region_key`) and the rule's parameters: a search
+    content (:func:`napkin.core.region.region_key`) and the rule's parameters: a search
     applies the same rewrite to the same boxes from many states, and handing back
     the same box lets the cost and fingerprint memos recognise the kernel."""
     wiring, held = region_key(reg)

@@ -9,7 +9,7 @@ inputs or such constants: positions along another axis, a prologue on broadcast 
 the same in every group, replayed in each); every region
 output carries the axis; some input carries it.  Inputs without the axis
 are broadcast: re-sent to every group (this is where transfer cost comes from).
-Replacement: one :class:`~napkin.streamed.Group` box whose body is the region
+Replacement: one :class:`~napkin.core.streamed.Group` box whose body is the region
 with the axis relabelled to the group size.
 Proof: proofs/group_partition.py.
 """
@@ -17,13 +17,13 @@ from __future__ import annotations
 
 from discopy import markov
 
-from napkin.errors import RuleError
+from napkin.core.errors import RuleError
 from napkin.hardware import CANONICAL_LEVELS
-from napkin.ir import ops as op_order, to_diagram, view
-from napkin.memo import IdentityMemo
-from napkin.op import make_op
-from napkin.region import Site, body_at, region, region_diagram, replace_at, splice
-from napkin.streamed import Group
+from napkin.core.ir import ops as op_order, to_diagram, view
+from napkin.core.memo import IdentityMemo
+from napkin.core.op import make_op
+from napkin.core.region import Site, body_at, region, region_diagram, replace_at, splice
+from napkin.core.streamed import Group
 from rewrites import tiles
 from rewrites.base import Rule, replacement
 

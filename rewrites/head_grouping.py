@@ -10,9 +10,9 @@ Proof: that of group partition (this rule only restricts where it applies).
 """
 from __future__ import annotations
 
-from napkin.errors import RuleError
-from napkin.ir import view
-from napkin.region import body_at, region
+from napkin.core.errors import RuleError
+from napkin.core.ir import view
+from napkin.core.region import body_at, region
 from rewrites.base import Rule, ob
 from rewrites.group_partition import GroupPartition
 

@@ -7,7 +7,7 @@ unless no finite entry has been seen: a row of −∞ then gives μ + log z =
 """
 from __future__ import annotations
 
-from napkin import ops
+from napkin.frontend import ops
 from rewrites.base import Claim, Streamability, acc_dtype, ob
 
 

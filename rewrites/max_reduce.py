@@ -4,7 +4,7 @@ Proof: proofs/max_reduce.py.
 """
 from __future__ import annotations
 
-from napkin import ops
+from napkin.frontend import ops
 from rewrites.base import Claim, Streamability, acc_dtype, ob
 
 

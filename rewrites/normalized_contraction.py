@@ -15,11 +15,11 @@ Proof: proofs/normalized_contraction.py.
 """
 from __future__ import annotations
 
-from napkin import ops
-from napkin.errors import RuleError
-from napkin.ir import ops as op_order, to_diagram, to_graph, view
-from napkin.region import Site, body_at, inline, region, replace_at
-from napkin.trace import trace
+from napkin.frontend import ops
+from napkin.core.errors import RuleError
+from napkin.core.ir import ops as op_order, to_diagram, to_graph, view
+from napkin.core.region import Site, body_at, inline, region, replace_at
+from napkin.frontend.trace import trace
 from rewrites.base import Rule, ob
 
 

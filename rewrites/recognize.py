@@ -11,10 +11,10 @@ This rule rewrites the first into the second.
 
 The rule is data: :data:`TABLE` lists each :class:`Recognition` — a name (the
 rule's parameter ``pattern``), a left-hand side stated as a pattern diagram
-(:class:`napkin.match.Pattern`: napkin.ops over array and axis variables; its
+(:class:`napkin.core.match.Pattern`: napkin.frontend.ops over array and axis variables; its
 sharing of axis variables and values are the side conditions, each failure
 named after the pattern's ops) and a right-hand-side builder.  Matches come
-from the one generic matcher (:mod:`napkin.match`), at any axis names and under
+from the one generic matcher (:mod:`napkin.core.match`), at any axis names and under
 any extra woven axes.
 
 Matches: the ops of one match of the pattern named by ``pattern``, ending at
@@ -26,7 +26,7 @@ Where floating point differs from the hand-written form (the proof states and
 checks each): the unshifted forms exp(x)/Σ exp(x) and log Σ exp(x) overflow
 where their primitives — the shifted, numerically safe form of the same
 function — do not; a softmax of a row that kept no entry (every entry −∞ or
-below the mask threshold, :data:`napkin.primitives.MASKED`) is zeros, as
+below the mask threshold, :data:`napkin.core.primitives.MASKED`) is zeros, as
 ``ops.softmax`` defines it and as the softmax-contraction accumulator streams
 it (the hand-written form gives NaN for a row of −∞, and the average over the
 masked entries for a row of the mask's fill); a logsumexp of a row of −∞ is −∞
@@ -40,14 +40,14 @@ from typing import Callable
 
 import networkx as nx
 
-from napkin import ops
-from napkin.arrays import ArrayType
-from napkin.errors import RuleError
-from napkin.ir import ops as op_order, to_diagram, view
-from napkin.match import Pattern, attempt, by_kind, match_at
-from napkin.primitives import Map
-from napkin.region import Site, body_at, inline, region, replace_at
-from napkin.trace import trace
+from napkin.frontend import ops
+from napkin.core.arrays import ArrayType
+from napkin.core.errors import RuleError
+from napkin.core.ir import ops as op_order, to_diagram, view
+from napkin.core.match import Pattern, attempt, by_kind, match_at
+from napkin.core.primitives import Map
+from napkin.core.region import Site, body_at, inline, region, replace_at
+from napkin.frontend.trace import trace
 from rewrites.base import Rule, ob
 
 
@@ -67,7 +67,7 @@ class Recognition:
     rhs: Callable
     consts: tuple = ()
     notes: tuple = ()          # ((op name, text), ...): what a parameter must be
-    conditions: tuple = ()     # extra napkin.match.Condition s
+    conditions: tuple = ()     # extra napkin.core.match.Condition s
     subsumes: tuple = ()
 
     @property
@@ -201,7 +201,7 @@ RMSNORM_VARIANTS = tuple(_rmsnorm_variant(sq, mean, root, eps)
 
 
 def rmsnorm_rhs(m, X, G):
-    """The library's form (napkin.library.rmsnorm_matmul): the per-row factor last, where
+    """The library's form (napkin.frontend.library.rmsnorm_matmul): the per-row factor last, where
     normalized_contraction pulls it out of a contraction that follows."""
     ms = ops.mean(ops.square(X), m.axis("v"), as_="ms")
     if "eps" in m.consts:
@@ -374,7 +374,7 @@ class Recognize(Rule):
         for m in found:
             if m.indices() == want:
                 reg = region(g, list(want))
-                if reg.outputs != [m.output]:  # gluing: napkin.match keeps what it computes
+                if reg.outputs != [m.output]:  # gluing: napkin.core.match keeps what it computes
                     raise RuleError(f"the hand-written {entry.name} "  # inside
                                     + ("is discarded: nothing reads what it computes"
                                        if not reg.outputs else "leaks a value it computes"))

@@ -15,9 +15,9 @@ extra work; the search chooses.  Proof: proofs/recompute.py.
 """
 from __future__ import annotations
 
-from napkin.errors import RuleError
-from napkin.ir import ops as op_order, to_diagram, to_graph, view
-from napkin.region import Site, body_at, replace_at
+from napkin.core.errors import RuleError
+from napkin.core.ir import ops as op_order, to_diagram, to_graph, view
+from napkin.core.region import Site, body_at, replace_at
 from rewrites.base import Rule
 
 

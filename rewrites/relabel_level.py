@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from discopy import markov
 
-from napkin.errors import RuleError
+from napkin.core.errors import RuleError
 from napkin.hardware import CANONICAL_LEVELS
-from napkin.ir import ops as op_order, to_diagram, to_graph, view
-from napkin.op import make_op
-from napkin.region import Site, body_at, replace_at
-from napkin.streamed import Group
+from napkin.core.ir import ops as op_order, to_diagram, to_graph, view
+from napkin.core.op import make_op
+from napkin.core.region import Site, body_at, replace_at
+from napkin.core.streamed import Group
 from rewrites.base import Rule
 from rewrites.group_partition import nesting_reason
 

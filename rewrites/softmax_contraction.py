@@ -19,7 +19,7 @@ Proof: proofs/softmax_contraction.py.
 """
 from __future__ import annotations
 
-from napkin import ops
+from napkin.frontend import ops
 from rewrites.base import Claim, Streamability, acc_dtype, ob
 
 
@@ -94,7 +94,7 @@ class SoftmaxContraction(Streamability):
             o = ops.mul(o, delta, as_="o")
             mu = mu_s
         # a row whose running max is still the mask's fill kept no key: zeros,
-        # as softmax itself gives (napkin.primitives.MASKED)
+        # as softmax itself gives (napkin.core.primitives.MASKED)
         # o · guard(1/z, μ): the guard acts on a row vector, so the output can
         # overwrite o in place (the paper's memory count)
         return [ops.mul(o, ops.guard(ops.recip(z), mu), as_=ob(graph, claim.outputs[0]).name)]

@@ -15,7 +15,7 @@ mechanism): its boxes split into
 and the axis is reduced inside the region (no output keeps it), no pre box
 depends on a reduction, no post box reads a value that still carries the axis.
 
-Replacement: one :class:`~napkin.streamed.Stream` box whose accumulator is
+Replacement: one :class:`~napkin.core.streamed.Stream` box whose accumulator is
 the product of the claimed accumulators: init = their inits; update = pre
 boxes on the chunk, then each update; finalize = each finalize, then the post
 boxes.  Proof: proofs/stream_partition.py (fusion) and the proof of every
@@ -26,14 +26,14 @@ from __future__ import annotations
 import networkx as nx
 from discopy import markov
 
-from napkin import ops
-from napkin.errors import RuleError
-from napkin.ir import ops as op_order, to_diagram, view
-from napkin.op import make_op
-from napkin.primitives import FLOATING
-from napkin.region import Site, body_at, region, replace_at, splice
-from napkin.streamed import Stream
-from napkin.trace import trace
+from napkin.frontend import ops
+from napkin.core.errors import RuleError
+from napkin.core.ir import ops as op_order, to_diagram, view
+from napkin.core.op import make_op
+from napkin.core.primitives import FLOATING
+from napkin.core.region import Site, body_at, region, replace_at, splice
+from napkin.core.streamed import Stream
+from napkin.frontend.trace import trace
 from rewrites import tiles
 from rewrites.accumulators import STREAMABILITY
 from rewrites.base import Rule, ob, replacement

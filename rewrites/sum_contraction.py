@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sympy
 
-from napkin import ops
+from napkin.frontend import ops
 from rewrites.base import Claim, Streamability, acc_dtype, ob
 
 

@@ -1,6 +1,6 @@
 """Tile names are fresh: a group size or stream chunk never renames something else.
 
-Evaluation binds a tile symbol to each piece's length (napkin.streamed), so a tile
+Evaluation binds a tile symbol to each piece's length (napkin.core.streamed), so a tile
 named like an axis size (``d``), a size symbol of the algorithm, or the tile of an
 enclosing or enclosed partition would silently change what the program computes.
 A rule therefore refuses such a name (:func:`clash`), and the names rules choose
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import sympy
 
-from napkin.errors import RuleError
-from napkin.streamed import TileUse, names, tile_of
+from napkin.core.errors import RuleError
+from napkin.core.streamed import TileUse, names, tile_of
 from rewrites.base import size_param
 
 
@@ -36,7 +36,7 @@ def tiles_within(boxes) -> set[TileUse]:
 
 def tiles_around(program, path) -> set[TileUse]:
     """The tiles of the groups a site at ``path`` sits in."""
-    from napkin.ir import ops as op_order, view
+    from napkin.core.ir import ops as op_order, view
     found, d = set(), program
     for i in path:
         g = view(d)

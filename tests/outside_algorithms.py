@@ -1,5 +1,5 @@
 """Algorithms as users outside the project write them — plain JAX through ``napkin.from_jax``
-(and one in ``napkin.ops``) — from the found-from-outside issue: packed-sequence masks,
+(and one in ``napkin.frontend.ops``) — from the found-from-outside issue: packed-sequence masks,
 a T5 relative bias, LayerNorm before a matmul, differential, latent-projection (MLA) and
 rotary attention, sigmoid and linear attention, a sink written as a constant.  Each entry:
 the function, its argument shapes at a transformer layer's scale, and the axis names.
@@ -120,7 +120,7 @@ n, d, e = nk.axes("n d e")
 
 @nk.algorithm(X=(n, d), G=(d,), B=(d,), W=(d, e))
 def layernorm_matmul_ops(X, G, B, W):
-    """LayerNorm → matmul in napkin.ops (x − μ read twice: by the variance and the norm)."""
+    """LayerNorm → matmul in napkin.frontend.ops (x − μ read twice: by the variance and the norm)."""
     xc = ops.sub(X, ops.mean(X, d))
     var = ops.mean(ops.square(xc), d)
     y = ops.add(ops.mul(ops.mul(xc, ops.rsqrt(ops.add_const(var, 1e-5))), G), B)

@@ -4,10 +4,10 @@ import itertools
 
 from networkx.algorithms.isomorphism import DiGraphMatcher
 
-from napkin.canonical import canonical_hash, labelled_graph, same_program
-from napkin.certificate import fingerprint
-from napkin.ir import relabel, to_diagram, to_graph
-from napkin.library import get
+from napkin.search.canonical import canonical_hash, labelled_graph, same_program
+from napkin.certify.certificate import fingerprint
+from napkin.core.ir import relabel, to_diagram, to_graph
+from napkin.frontend.library import get
 from napkin.search import search
 
 

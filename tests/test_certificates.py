@@ -29,13 +29,13 @@ from pathlib import Path
 
 import pytest
 
-from napkin.certificate import (FORMAT, Certificate, CertificateError, derive, fingerprint,
+from napkin.certify.certificate import (FORMAT, Certificate, CertificateError, derive, fingerprint,
                                 stored_certificates)
-from napkin.checker import check_certificate
-from napkin.isolate import check_paths
-from napkin.errors import RuleError
-from napkin.library import get
-from napkin.region import Site
+from napkin.certify.checker import check_certificate
+from napkin.certify.isolate import check_paths
+from napkin.core.errors import RuleError
+from napkin.frontend.library import get
+from napkin.core.region import Site
 from proofs.certificates import make
 from rewrites import RULES
 
@@ -48,7 +48,7 @@ REQUIRED = ["flash_attention", "tiled_matmul", "causal_attention", "gqa", "cross
 # drags in, from a fresh interpreter (different hash seeds below).
 _PROBE = """
 import json, sys
-import napkin.checker
+import napkin.certify.checker
 loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('napkin', 'rewrites', 'proofs'))
 from proofs.certificates import make
 out = {name: [s.result for s in make.build(name).steps] for name in %r}
@@ -128,8 +128,8 @@ def test_fingerprint_depends_on_structure():
     assert fingerprint(a) != fingerprint(get("attention").diagram("bf16"))
     # names are labels: renaming a box or a wire keeps the fingerprint
     from napkin import ops
-    from napkin.arrays import axes
-    from napkin.trace import Array, trace
+    from napkin.core.arrays import axes
+    from napkin.frontend.trace import Array, trace
     i, j, k = axes("a b c")
 
     def mm(name, out):
@@ -317,9 +317,9 @@ def test_algorithm_from_a_user_file(tmp_path):
     (tmp_path / "mine.py").write_text(
         "import numpy as np\n"
         "from napkin import ops\n"
-        "from napkin.arrays import axes\n"
-        "from napkin.library import Algorithm\n"
-        "from napkin.trace import Array, trace\n"
+        "from napkin.core.arrays import axes\n"
+        "from napkin.frontend.library import Algorithm\n"
+        "from napkin.frontend.trace import Array, trace\n"
         "a, b, c = axes('a b c')\n"
         "def build(dtype='f32'):\n"
         "    return trace(lambda A, B: ops.scale(ops.contract(A, B, out=(a, c)), 0.5, as_='C'),\n"
@@ -361,7 +361,7 @@ def test_a_from_file_is_named_relative_to_the_certificate(tmp_path, monkeypatch,
 
 def test_a_from_file_imports_a_module_beside_it(tmp_path, monkeypatch):
     """A --from file may import its own helpers from its folder, wherever napkin runs."""
-    from napkin.certificate import load_algorithm
+    from napkin.certify.certificate import load_algorithm
     (tmp_path / "shapes_helper.py").write_text("import napkin as nk\nAXES = nk.axes('a b c')\n")
     (tmp_path / "algos.py").write_text(
         "from napkin import ops\nimport napkin as nk\nfrom shapes_helper import AXES\n"
@@ -394,12 +394,12 @@ def test_malformed_fields_are_named():
 
 # ----------------------------------------------------------------------------- independence
 def test_checker_imports_only_rules_and_core():
-    tree = ast.parse((ROOT / "napkin" / "checker.py").read_text(encoding="utf-8"))
+    tree = ast.parse((ROOT / "napkin" / "certify" / "checker.py").read_text(encoding="utf-8"))
     mods = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     mods |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     ours = {m for m in mods if m.split(".")[0] in ("napkin", "rewrites", "proofs")}
-    allowed = {"rewrites", "napkin.library", "napkin.semantics", "napkin.region", "napkin.ir",
-               "napkin.errors", "napkin.certificate", "napkin.primitives", "napkin.sampling"}
+    allowed = {"rewrites", "napkin.frontend.library", "napkin.core.semantics", "napkin.core.region", "napkin.core.ir",
+               "napkin.core.errors", "napkin.certify.certificate", "napkin.core.primitives", "napkin.frontend.sampling"}
     assert ours <= allowed, ours - allowed
 
 

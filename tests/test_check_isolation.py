@@ -21,18 +21,18 @@ from pathlib import Path
 
 import pytest
 
-import napkin.checker
+import napkin.certify.checker
 import rewrites.softmax_contraction as sc
-from napkin.certificate import derive
-from napkin.checker import check_certificate
-from napkin.isolate import check_paths
+from napkin.certify.certificate import derive
+from napkin.certify.checker import check_certificate
+from napkin.certify.isolate import check_paths
 from napkin.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 FLASH = [("group_partition", (), {"axis": "q", "size": "g_q"}),
          ("stream_partition", (0,), {"axis": "x", "chunk": "s_x"})]
 SIZES, TILES = {"q": 4, "x": 8, "d": 2}, {"g_q": 2, "s_x": 4}
-BUILD = ("from napkin.library import get\n\n\n"
+BUILD = ("from napkin.frontend.library import get\n\n\n"
          "def build(dtype='f32'):\n"
          "    return get('attention').diagram(dtype)\n")
 # FlashAttention's accumulator without the rescale exp(mu - mu'): a wrong rule.
@@ -57,10 +57,10 @@ sc.SoftmaxContraction.update = _update_without_rescale
 # ... and the checker's tolerances set to infinity, so that it "verifies" anything.
 BLIND_CHECKER = """\
 import math
-import napkin.checker
-napkin.checker.RTOL = math.inf
-for _k in getattr(napkin.checker, "DTYPE_RTOL", {}):
-    napkin.checker.DTYPE_RTOL[_k] = math.inf
+import napkin.certify.checker
+napkin.certify.checker.RTOL = math.inf
+for _k in getattr(napkin.certify.checker, "DTYPE_RTOL", {}):
+    napkin.certify.checker.DTYPE_RTOL[_k] = math.inf
 """
 # Derive the wrong rule's certificate in a separate interpreter (deriving it
 # here would load the wrong rule into this process); there, also show what the
@@ -69,8 +69,8 @@ for _k in getattr(napkin.checker, "DTYPE_RTOL", {}):
 DERIVE_WRONG = f"""
 import json, sys
 from pathlib import Path
-from napkin.certificate import derive
-from napkin.checker import check_certificate
+from napkin.certify.certificate import derive
+from napkin.certify.checker import check_certificate
 here = Path(sys.argv[1])
 cert = derive({{"from": "wrong.py:build"}}, {FLASH!r}, {SIZES!r}, {TILES!r}, base=here)
 cert.save(here / "wrong.json")
@@ -120,7 +120,7 @@ def test_a_poisoned_certificate_cannot_change_the_others(poisoned):
     alone = check_certificate(here / "honest.json", name=str(here / "honest.json"))
     assert alone.ok, str(alone)
 
-    update, rtol = sc.SoftmaxContraction.update, napkin.checker.RTOL
+    update, rtol = sc.SoftmaxContraction.update, napkin.certify.checker.RTOL
     files = [here / "poisoned.json", here / "honest.json", here / "wrong.json"]
     n_ok, n_fail, lines = check_paths(files)
     by_name = {Path(line.split()[1].rstrip(":")).name: line for line in lines}
@@ -133,7 +133,7 @@ def test_a_poisoned_certificate_cannot_change_the_others(poisoned):
     # trusted code: that is what a from-certificate trusts)
     assert (n_ok, n_fail) == (2, 1), lines
     # ... and nothing of it reached this process
-    assert sc.SoftmaxContraction.update is update and napkin.checker.RTOL == rtol
+    assert sc.SoftmaxContraction.update is update and napkin.certify.checker.RTOL == rtol
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from napkin import cli
-from napkin.library import LIBRARY
+from napkin.frontend.library import LIBRARY
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -92,7 +92,7 @@ def test_version_and_help(capsys):
 
 
 def test_a_new_subcommand_slots_in(capsys, monkeypatch):
-    monkeypatch.setattr(cli, "COMMANDS", dict(cli.COMMANDS))
+    monkeypatch.setattr(cli.options, "COMMANDS", dict(cli.options.COMMANDS))
     seen = {}
 
     @cli.command("echo", "repeat a word", cli.arg("word"), cli.arg("--times", type=int, default=1))
@@ -110,7 +110,7 @@ def test_a_new_subcommand_slots_in(capsys, monkeypatch):
 
 
 def test_internal_error_is_one_line_exit_1(capsys, monkeypatch):
-    monkeypatch.setattr(cli, "COMMANDS", dict(cli.COMMANDS))
+    monkeypatch.setattr(cli.options, "COMMANDS", dict(cli.options.COMMANDS))
 
     @cli.command("boom", "fail")
     def _boom(args):

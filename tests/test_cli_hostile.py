@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from napkin.certificate import derive
+from napkin.certify.certificate import derive
 from napkin.cli import main
 
 FLASH = [("group_partition", (), {"axis": "q", "size": "g_q"}),
@@ -166,11 +166,11 @@ def test_hostile_command_line(hostile, capsys, argv, words):
 
 def test_a_failed_write_removes_what_the_command_wrote(hostile, capsys, monkeypatch):
     """--certificate is written first; when --draw then fails, it goes too."""
-    import napkin.drawing_streamed
+    import napkin.views.drawing_streamed
 
     def broken(*args, **kwargs):
         raise OSError(28, "No space left on device")
-    monkeypatch.setattr(napkin.drawing_streamed, "draw_before_after", broken)
+    monkeypatch.setattr(napkin.views.drawing_streamed, "draw_before_after", broken)
     before = _snapshot(hostile)
     status = main(["optimize", "matmul", "--size", "a=64", "--size", "b=64", "--size", "c=64",
                    "--certificate", "c.json", "--draw", "d.png"])
@@ -208,7 +208,7 @@ def test_a_from_certificate_whose_file_is_not_python_fails_its_check(hostile, ca
 
 def test_a_failing_demo_removes_its_files_and_the_folders_it_made(hostile, capsys, monkeypatch):
     import napkin.search
-    from napkin.errors import NapkinError
+    from napkin.core.errors import NapkinError
 
     def no_search(*args, **kwargs):
         raise NapkinError("no search today")
@@ -224,12 +224,12 @@ def test_a_failing_demo_removes_its_files_and_the_folders_it_made(hostile, capsy
 def test_a_failure_before_writing_keeps_an_existing_file(hostile, capsys, monkeypatch):
     """--certificate names an existing file; the command fails while making the
     certificate, before writing it: the file stays as it was."""
-    import napkin.commands
-    from napkin.errors import NapkinError
+    import napkin.cli.commands
+    from napkin.core.errors import NapkinError
 
     def fails(*args, **kwargs):
         raise NapkinError("cannot make the certificate")
-    monkeypatch.setattr(napkin.commands, "write_certificate", fails)
+    monkeypatch.setattr(napkin.cli.commands, "write_certificate", fails)
     before = _snapshot(hostile)
     status = main(["optimize", "matmul", "--size", "a=64", "--size", "b=64", "--size", "c=64",
                    "--certificate", "exists.py"])

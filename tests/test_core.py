@@ -6,11 +6,11 @@ from discopy import markov
 
 import napkin as nk
 from napkin import ops
-from napkin.arrays import ArrayType, Axis, axes, wire
-from napkin.diagram import Diagram, Id
-from napkin.errors import CompositionError, NapkinError, ShapeError
-from napkin.op import make_op
-from napkin.primitives import Cast, Contract, Fill, Map, Mask, Reduce, Softmax, Zip, roles
+from napkin.core.arrays import ArrayType, Axis, axes, wire
+from napkin.core.diagram import Diagram, Id
+from napkin.core.errors import CompositionError, NapkinError, ShapeError
+from napkin.core.op import make_op
+from napkin.core.primitives import Cast, Contract, Fill, Map, Mask, Reduce, Softmax, Zip, roles
 
 q, x, k, d, h = axes("q x k d h")
 
@@ -147,7 +147,7 @@ def test_operators_and_constants():
 
 
 def test_shape_errors_name_input_and_axis():
-    from napkin.library import get
+    from napkin.frontend.library import get
     f = nk.evaluate(get("attention").diagram())
     Q, K = np.zeros((3, 4)), np.zeros((5, 4))
     with pytest.raises(ShapeError, match=r"K\[x,d\]: axis d should have size 4, got 6"):
@@ -159,7 +159,7 @@ def test_shape_errors_name_input_and_axis():
 
 
 def test_weave_marks_new_axis_woven_and_broadcast():
-    from napkin.library import get
+    from napkin.frontend.library import get
     g = get("mqa").diagram()  # attention woven over h for Q only
     qk = next(b for b in g.boxes if getattr(b, "name", "") == "QK^T")
     r = qk.roles()

@@ -9,11 +9,11 @@ from napkin.cost import (
     Cost, CostError, M_SYM, candidates, canonical_form, cost, optimize_tiles, optimum_curve,
     cost_json, plot_cost,
 )
-from napkin.flops import flops
+from napkin.core.flops import flops
 from napkin.hardware import get_hardware
-from napkin.ir import ops, to_graph
-from napkin.library import get
-from napkin.region import Site, body_at
+from napkin.core.ir import ops, to_graph
+from napkin.frontend.library import get
+from napkin.core.region import Site, body_at
 from rewrites import RULES
 
 S = lambda n: sympy.Symbol(n, integer=True, positive=True)  # noqa: E731

@@ -6,11 +6,11 @@ import matplotlib
 import pytest
 
 from napkin import ops
-from napkin.arrays import axes
-from napkin.drawing import FORMATS, draw, draw_side_by_side, pretty
-from napkin.errors import NapkinError
-from napkin.library import get
-from napkin.trace import Array, trace
+from napkin.core.arrays import axes
+from napkin.views.drawing import FORMATS, draw, draw_side_by_side, pretty
+from napkin.core.errors import NapkinError
+from napkin.frontend.library import get
+from napkin.frontend.trace import Array, trace
 
 
 def png_size(path):

@@ -4,13 +4,13 @@ import re
 import matplotlib
 import pytest
 
-from napkin.drawing_streamed import (
+from napkin.views.drawing_streamed import (
     LEVEL_COLORS, WireOb, draw_before_after, draw_streamed, flatten,
 )
-from napkin.errors import NapkinError
-from napkin.ir import ops, to_graph
-from napkin.library import get
-from napkin.region import Site, body_at
+from napkin.core.errors import NapkinError
+from napkin.core.ir import ops, to_graph
+from napkin.frontend.library import get
+from napkin.core.region import Site, body_at
 from rewrites import RULES
 
 

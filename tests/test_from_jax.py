@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import napkin as nk
-from napkin.streamed import Group, Stream
+from napkin.core.streamed import Group, Stream
 
 S = jax.ShapeDtypeStruct
 F32 = jnp.float32
@@ -402,7 +402,7 @@ def test_an_unexplained_size_constant_is_refused():
 
 # ------------------------------------------------------------------ the package
 def test_from_jax_is_the_package_entry_point():
-    from napkin.jaxpr import from_jax
+    from napkin.frontend.jaxpr import from_jax
     assert nk.from_jax is from_jax and "from_jax" in nk.__all__
 
 

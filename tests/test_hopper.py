@@ -10,11 +10,11 @@ import math
 
 import pytest
 
-from napkin.errors import NapkinError
-from napkin.hopper import derive_config, hopper_attention_config, per_clock
-from napkin.ir import ops, to_graph
-from napkin.library import get
-from napkin.region import Site, body_at
+from napkin.core.errors import NapkinError
+from napkin.views.hopper import derive_config, hopper_attention_config, per_clock
+from napkin.core.ir import ops, to_graph
+from napkin.frontend.library import get
+from napkin.core.region import Site, body_at
 from rewrites import RULES
 
 KB = 1000      # the paper's "74.75 KB" is 74,752 bytes in 10³-byte KB

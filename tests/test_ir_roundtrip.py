@@ -5,11 +5,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from napkin.arrays import ArrayType, Axis, array_types
-from napkin.ir import ops, to_diagram, to_graph
-from napkin.primitives import Contract, EvalContext, Map, Reduce, Softmax, Zip
-from napkin.semantics import box_function, evaluate
-from napkin.trace import Builder
+from napkin.core.arrays import ArrayType, Axis, array_types
+from napkin.core.ir import ops, to_diagram, to_graph
+from napkin.core.primitives import Contract, EvalContext, Map, Reduce, Softmax, Zip
+from napkin.core.semantics import box_function, evaluate
+from napkin.frontend.trace import Builder
 
 jax.config.update("jax_enable_x64", True)
 
@@ -157,9 +157,9 @@ def test_malformed_graphs_are_one_line_graph_errors():
     """What cannot be emitted is a GraphError naming the wire, not a ValueError from inside."""
     from discopy import markov
 
-    from napkin.arrays import ArrayOb
-    from napkin.errors import GraphError, NapkinError
-    from napkin.ir import GraphBuilder
+    from napkin.core.arrays import ArrayOb
+    from napkin.core.errors import GraphError, NapkinError
+    from napkin.core.ir import GraphBuilder
 
     x = Axis("x", "x")
     b = GraphBuilder()

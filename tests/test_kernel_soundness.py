@@ -21,9 +21,9 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import napkin as nk
 from napkin import ops
-from napkin.errors import NapkinError
+from napkin.core.errors import NapkinError
 from napkin.lower import lower
-from napkin.region import Site
+from napkin.core.region import Site
 from proofs import fuzz
 from outside_algorithms import (document, document_causal, prefix_lm,  # noqa: F401
                                   t5_relative_bias)

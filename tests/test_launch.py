@@ -13,9 +13,9 @@ import pytest
 from napkin.cost import cost, value_at
 from napkin.cost.launch import Launches
 from napkin.cost.optimize import Grid, optimize_tiles
-from napkin.errors import NapkinError
+from napkin.core.errors import NapkinError
 from napkin.hardware import get_hardware, hardware_from_dict, load_toml
-from napkin.library import get
+from napkin.frontend.library import get
 from napkin.schedule.resources import kernels
 from napkin.search import search
 from test_cost import ATTENTION, MATMUL, program
@@ -122,7 +122,7 @@ def test_a_group_inside_a_block_is_a_loop_the_block_runs():
     are sequential steps of each block (not more blocks), and the kernel writes it so."""
     from napkin.lower import lower
     from napkin.lower.plan import unlowerable
-    from napkin.region import Site
+    from napkin.core.region import Site
     from rewrites import RULES
     P = program("attention", (("group_partition", (), {"axis": "q"}),))
     P = RULES["group_partition"].apply(P, Site((0,), (3,)), {"axis": "d"})  # P·V over d

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import napkin as nk
-from napkin.library import LIBRARY, get
-from napkin.errors import NapkinError
+from napkin.frontend.library import LIBRARY, get
+from napkin.core.errors import NapkinError
 
 AXES = ["q", "x", "d", "a", "b", "c", "h", "k", "r", "n", "v", "e", "batch", "f"]
 
@@ -83,8 +83,8 @@ def test_semantics_under_jit_vmap_grad():
 
 
 def test_functor_agrees_with_iterative_evaluation():
-    from napkin.primitives import EvalContext
-    from napkin.semantics import functor
+    from napkin.core.primitives import EvalContext
+    from napkin.core.semantics import functor
     import sympy
     alg = get("softcap_attention")
     Q, K, V = alg.sample(np.random.default_rng(5), dict(q=3, x=4, d=2))

@@ -16,14 +16,14 @@ import pytest
 import sympy
 
 from napkin import ops
-from napkin.arrays import axes
-from napkin.errors import NapkinError
-from napkin.ir import ops as op_order, to_graph
-from napkin.library import get
+from napkin.core.arrays import axes
+from napkin.core.errors import NapkinError
+from napkin.core.ir import ops as op_order, to_graph
+from napkin.frontend.library import get
 from napkin.lower import export_cuda, hbm_bytes, lower
 from napkin.lower.traffic import traffic
-from napkin.region import Site, body_at
-from napkin.trace import Array, trace
+from napkin.core.region import Site, body_at
+from napkin.frontend.trace import Array, trace
 from rewrites import RULES
 
 pytestmark = [pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated")]
@@ -214,9 +214,9 @@ def test_causal_and_window_masks_skip_tiles():
 
 def test_a_grid_axis_of_tile_one_leaves_the_kernel_body_when_every_box_only_carries_it():
     """A unit grid axis (a head per program) is squeezed from every block and dropped from
-    the body (napkin.weave.unweave), so the kernel's tiles are 2-D as a hand-written one's;
+    the body (napkin.frontend.weave.unweave), so the kernel's tiles are 2-D as a hand-written one's;
     an axis a box reads the index of (a causal mask's query) or reduces over stays."""
-    from napkin.weave import unweavable
+    from napkin.frontend.weave import unweavable
     mha = kernel_for("mha")  # g_h = 1
     sizes = dict(h=3, q=40, x=24, d=16)
     shapes = [(3, 40, 16), (3, 24, 16), (3, 24, 16)]

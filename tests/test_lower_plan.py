@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import sympy
 
-from napkin.errors import NapkinError
+from napkin.core.errors import NapkinError
 from napkin.hardware import get_hardware
-from napkin.library import get
+from napkin.frontend.library import get
 from napkin.lower import backends, lower
 from napkin.lower.backends.triton import Triton
 from napkin.lower.plan import BlockRules

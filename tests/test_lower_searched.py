@@ -8,12 +8,12 @@ import pytest
 
 import napkin as nk
 from napkin import ops
-from napkin.library import get
+from napkin.frontend.library import get
 from napkin.lower import lower
 from napkin.lower.plan import unlowerable
-from napkin.sampling import sample
+from napkin.frontend.sampling import sample
 from napkin.search import search
-from napkin.semantics import evaluate
+from napkin.core.semantics import evaluate
 
 a, b, c, d = nk.axes("a b c d")
 

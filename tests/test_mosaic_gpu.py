@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import napkin
-from napkin.errors import NapkinError
-from napkin.library import get
+from napkin.core.errors import NapkinError
+from napkin.frontend.library import get
 from napkin.lower import lower
 from napkin.lower.backends import mosaic_gpu as mg
 from napkin.lower.mosaic_module import ModuleFacts, mosaic_module
@@ -244,12 +244,12 @@ def test_fp8_queries_and_keys_with_bf16_values():
         assert np.max(np.abs(got - want)) <= 2e-2 * np.max(np.abs(want))
 
 
-@pytest.mark.parametrize("name", sorted(__import__("napkin.library", fromlist=["LIBRARY"]).LIBRARY))
+@pytest.mark.parametrize("name", sorted(__import__("napkin.frontend.library", fromlist=["LIBRARY"]).LIBRARY))
 def test_every_library_kernel_it_accepts_exports(name):
     """At the optimiser's own program and tiles (bf16, H200, the library's default sizes):
     the backend writes the kernel, which exports with its shared memory exactly as counted,
     or refuses it in one line — never a traceback from inside Mosaic."""
-    from napkin.arrays import array_types
+    from napkin.core.arrays import array_types
     r = napkin.optimize(name, hardware="h200", dtype="bf16")
     k = r.kernel("mosaic")
     shapes = [tuple(r.sizes[a.name] for a in t.axes) for t in array_types(r.program.dom)]
@@ -336,7 +336,7 @@ def _flex_attention(q, k, v):  # a FlexAttention-style score_mod in plain jnp (t
 
 def _user_algorithm(kind):
     """(diagram, sizes searched at, shapes run at, float64 reference) of an algorithm a user
-    writes: from plain JAX, or with napkin.ops."""
+    writes: from plain JAX, or with napkin.frontend.ops."""
     import jax
     import jax.numpy as jnp
     if kind == "from_jax: soft-capped causal attention":
@@ -357,7 +357,7 @@ def _user_algorithm(kind):
 
 
 @pytest.mark.parametrize("kind", ["from_jax: soft-capped causal attention",
-                                  "napkin.ops: sigmoid attention with a per-key bias"])
+                                  "napkin.frontend.ops: sigmoid attention with a per-key bias"])
 def test_algorithms_users_write_run_on_mosaic(kind):
     """Algorithms not in the library go through the same backend: searched, lowered with two
     consumer warpgroups, exported with shared memory as counted, and equal to float64."""

@@ -16,9 +16,9 @@ from napkin.cost import (
     optimize_tiles, pooled_transfers, quantisation_factor,
 )
 from napkin.hardware import get_hardware
-from napkin.ir import ops, to_graph
-from napkin.library import get
-from napkin.region import Site, body_at
+from napkin.core.ir import ops, to_graph
+from napkin.frontend.library import get
+from napkin.core.region import Site, body_at
 from rewrites import RULES
 
 S = lambda n: sympy.Symbol(n, integer=True, positive=True)  # noqa: E731

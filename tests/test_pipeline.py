@@ -11,7 +11,7 @@ import pytest
 from napkin.cli import main
 from napkin.cost import cost
 from napkin.hardware import get_hardware
-from napkin.library import get
+from napkin.frontend.library import get
 from napkin.lower import hbm_bytes, lower
 from napkin.search import search
 
@@ -85,7 +85,7 @@ def test_run_matches_reference(capsys):
 def test_run_searches_at_the_sizes_the_user_gives(capsys, monkeypatch):
     """Interpret mode runs small, searching unsized axes at the library's defaults (the
     program found at full scale) — but an axis the user sizes is searched at that size."""
-    import napkin.commands as commands
+    import napkin.cli.commands as commands
     searched = []
     real = commands.optimized
     monkeypatch.setattr(commands, "optimized", lambda *a, **k: searched.append(k["sizes"])
@@ -165,7 +165,7 @@ def test_run_from_a_file_compares_with_the_files_own_reference(capsys, tmp_path,
 import jax
 import napkin as nk
 from napkin import ops
-from napkin.library import Algorithm
+from napkin.frontend.library import Algorithm
 q, x, d = nk.axes("q x d")
 
 
@@ -179,7 +179,7 @@ def build(dtype="f32"):
 
 mine = Algorithm("mine", "sigmoid attention", build, lambda Q, K, V: {reference})
 ''')
-    import napkin.commands as commands
+    import napkin.cli.commands as commands
     compared = []
     real = commands.run_and_compare
     monkeypatch.setattr(commands, "run_and_compare",
@@ -200,7 +200,7 @@ mine = Algorithm("mine", "sigmoid attention", build, lambda Q, K, V: {reference}
     ("cross_entropy", dict(n=64, v=256), {"g_n": 16, "s_v": 32}),
 ])
 def test_kernel_traffic_equals_the_cost_model(name, sizes, tiles):
-    from napkin.library import DEFAULT_SIZES
+    from napkin.frontend.library import DEFAULT_SIZES
     full = {a: DEFAULT_SIZES[a] for a in sizes}  # the structure found at full scale
     r = search(get(name).diagram(), "h100", full, "f32")
     assert "stream_partition" in [m.rule for m in r.best.chain]
@@ -217,7 +217,7 @@ def test_demo_runs_the_main_job(tmp_path):
     assert "verified in" in out.stdout
     assert (tmp_path / "before_after.png").exists() and (tmp_path / "attention_kernel.py").exists()
     # the certificate names the demo's own statement of attention, the diagram it searched
-    from napkin.certificate import Certificate, fingerprint, load_algorithm
+    from napkin.certify.certificate import Certificate, fingerprint, load_algorithm
     cert = Certificate.load(tmp_path / "attention.cert.json")
     assert cert.algorithm == {"from": "attention.py:attention"}
     assert cert.source == fingerprint(load_algorithm(cert.algorithm, tmp_path).build("f32"))

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 import napkin
-from napkin.certificate import fingerprint
+from napkin.certify.certificate import fingerprint
 from napkin.cli import Outputs, main
-from napkin.library import Algorithm, get
+from napkin.frontend.library import Algorithm, get
 
 SMALL = {"q": 256, "x": 256, "d": 64}
 
@@ -102,7 +102,7 @@ def test_a_from_file_and_a_diagram_with_its_source(tmp_path):
 
 
 def test_the_demo_certifies_the_diagram_it_searches(tmp_path, monkeypatch):
-    from napkin.commands import state_demo_algorithm
+    from napkin.cli.commands import state_demo_algorithm
     with monkeypatch.context() as m:
         m.setattr(sys, "dont_write_bytecode", False)  # as on a user's machine
         source, diagram = state_demo_algorithm(Outputs(), tmp_path)

@@ -16,15 +16,15 @@ import sympy
 
 import napkin as nk
 from napkin import ops
-from napkin.backend import SYMPY
-from napkin.errors import NapkinError, RuleError
-from napkin.flops import flops
-from napkin.ir import ops as op_order, to_graph
-from napkin.library import get
-from napkin.primitives import EvalContext, Map
-from napkin.region import Site, body_at
-from napkin.sampling import sample
-from napkin.semantics import box_function
+from napkin.core.backend import SYMPY
+from napkin.core.errors import NapkinError, RuleError
+from napkin.core.flops import flops
+from napkin.core.ir import ops as op_order, to_graph
+from napkin.frontend.library import get
+from napkin.core.primitives import EvalContext, Map
+from napkin.core.region import Site, body_at
+from napkin.frontend.sampling import sample
+from napkin.core.semantics import box_function
 from rewrites import RULES
 
 q, x, d, n, v, h = nk.axes("q x d n v h")
@@ -52,7 +52,7 @@ def only_box(diagram):
 
 def sympy_meaning(diagram, *xs, sizes=None):
     """The diagram evaluated with the SYMPY backend on exact numbers, as floats."""
-    from napkin.semantics import run as run_diagram
+    from napkin.core.semantics import run as run_diagram
     env = {sympy.Symbol(k, integer=True, positive=True): val for k, val in (sizes or {}).items()}
     for ob, a in zip(diagram.dom.inside, xs):  # bind symbolic sizes from the shapes
         for ax, s in zip(ob.type.axes, np.shape(a)):
@@ -74,7 +74,7 @@ def written(diagram, *xs, offsets=None, sizes=None):
     """The kernel spelling: the Recorder writes the diagram's boxes, the written lines run
     (jax.numpy) on ``xs``; returns the outputs."""
     from napkin.lower.emit import GLOBALS, Recorder, Var, Writer
-    from napkin.semantics import fold_boxes
+    from napkin.core.semantics import fold_boxes
     w = Writer()
     rec = Recorder(w)
     ins = []
@@ -300,8 +300,8 @@ def test_positions_inside_a_group_and_a_stream(tiles):
 
 
 def test_positions_along_the_stream_are_pre_boxes_replayed_per_chunk():
-    from napkin.ir import view
-    from napkin.region import region
+    from napkin.core.ir import view
+    from napkin.core.region import region
     from rewrites.stream_partition import analyse
     D = alibi_like()
     g = view(D)

@@ -5,12 +5,12 @@ import pytest
 import sympy
 
 from napkin.cost import cost
-from napkin.errors import NapkinError
+from napkin.core.errors import NapkinError
 from napkin.hardware import get_hardware
-from napkin.ir import ops, to_graph
-from napkin.library import get
-from napkin.pseudocode import expand, listed_memory, listed_transfers, pseudocode
-from napkin.region import Site, body_at
+from napkin.core.ir import ops, to_graph
+from napkin.frontend.library import get
+from napkin.views.pseudocode import expand, listed_memory, listed_transfers, pseudocode
+from napkin.core.region import Site, body_at
 from rewrites import RULES
 
 H100 = get_hardware("h100")          # gmem > l2 > smem > registers

@@ -1,4 +1,4 @@
-"""Recognition rules (rewrites/recognize.py) on the generic matcher (napkin/match.py).
+"""Recognition rules (rewrites/recognize.py) on the generic matcher (napkin/core/match.py).
 
 A softmax, logsumexp, mean or RMSNorm written by hand — max, sub, exp, sum, div — used to
 stream in several passes over its axis (a logsumexp moved 2× the bytes) or not at all
@@ -16,13 +16,13 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import napkin as nk
 from napkin import ops
-from napkin.certificate import derive
-from napkin.checker import check_certificate
-from napkin.errors import RuleError
-from napkin.ir import ops as op_order, view
-from napkin.library import LIBRARY, get
-from napkin.match import find, match_at
-from napkin.region import Site
+from napkin.certify.certificate import derive
+from napkin.certify.checker import check_certificate
+from napkin.core.errors import RuleError
+from napkin.core.ir import ops as op_order, view
+from napkin.frontend.library import LIBRARY, get
+from napkin.core.match import find, match_at
+from napkin.core.region import Site
 from rewrites import RULES
 from rewrites.recognize import TABLE, softmax_lhs
 
@@ -93,7 +93,7 @@ def algos(tmp_path_factory):
 
 
 def load(path, name):
-    from napkin.certificate import load_algorithm
+    from napkin.certify.certificate import load_algorithm
     return load_algorithm({"from": f"{path}:{name}"}).build("f32")
 
 

@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 
 import napkin as nk
-from napkin.errors import RuleError
-from napkin.ir import ops as op_order, to_graph
-from napkin.library import get
-from napkin.region import Site, body_at
+from napkin.core.errors import RuleError
+from napkin.core.ir import ops as op_order, to_graph
+from napkin.frontend.library import get
+from napkin.core.region import Site, body_at
 from rewrites import RULES, STREAMABILITY
 
 group, stream = RULES["group_partition"], RULES["stream_partition"]

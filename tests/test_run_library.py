@@ -7,7 +7,7 @@ import re
 import pytest
 
 from napkin.cli import main
-from napkin.library import LIBRARY
+from napkin.frontend.library import LIBRARY
 from napkin.pipeline import sizes_for
 
 RAGGED = dict(q=40, x=37, d=20, h=3, k=2, r=3, n=24, v=100, a=40, b=37, c=24, e=40, batch=2,
@@ -34,5 +34,5 @@ def test_run_every_library_algorithm_at_ragged_sizes(capsys, name, dtype):
 
 
 def _axes(name):
-    from napkin.certificate import size_symbols
+    from napkin.certify.certificate import size_symbols
     return size_symbols(LIBRARY[name].diagram())

@@ -4,13 +4,13 @@ import dataclasses
 
 import pytest
 
-from napkin.errors import NapkinError
+from napkin.core.errors import NapkinError
 from napkin.hardware import get_hardware
-from napkin.library import get
+from napkin.frontend.library import get
 from napkin.cost.optimize import optimize_tiles
 from napkin.search import Evaluator, State, enumerate_chains, search
-from napkin.certificate import derive
-from napkin.checker import check_certificate
+from napkin.certify.certificate import derive
+from napkin.certify.checker import check_certificate
 
 H100 = "h100"
 

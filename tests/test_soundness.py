@@ -17,13 +17,13 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import napkin as nk
 from napkin import ops
-from napkin.arrays import Axis
-from napkin.certificate import derive, size_symbols
-from napkin.checker import check_cases, check_certificate, partitions
-from napkin.errors import RuleError
-from napkin.ir import ops as op_order, view
-from napkin.library import get
-from napkin.region import Site
+from napkin.core.arrays import Axis
+from napkin.certify.certificate import derive, size_symbols
+from napkin.certify.checker import check_cases, check_certificate, partitions
+from napkin.core.errors import RuleError
+from napkin.core.ir import ops as op_order, view
+from napkin.frontend.library import get
+from napkin.core.region import Site
 from proofs import fuzz
 from rewrites import RULES
 
@@ -31,7 +31,7 @@ FLASH = [("group_partition", (), {"axis": "q"}), ("stream_partition", (0,), {"ax
 
 
 def whole(program, path=()):
-    from napkin.region import body_at
+    from napkin.core.region import body_at
     return Site(tuple(path), tuple(range(len(op_order(view(body_at(program, path)))))))
 
 
@@ -52,7 +52,7 @@ def same(got, want, rtol=1e-9):
 @pytest.fixture
 def fresh_memos():
     """Rules memoise the boxes they build; a test that patches a rule needs them rebuilt."""
-    from napkin import streamed
+    from napkin.core import streamed
     from rewrites import base
     base._BUILT.table.clear()
     streamed._AT_LENGTH.table.clear()
@@ -140,7 +140,7 @@ def test_an_integer_tile_certificate_keeps_the_shape_at_ragged_sizes():
                   {"q": 7, "x": 10, "d": 4}, {})
     report = check_certificate(cert)
     assert report.ok, report
-    from napkin.commands import replay
+    from napkin.cli.commands import replay
     rng = np.random.default_rng(0)
     xs = [rng.normal(size=s) for s in [(7, 4), (10, 4), (10, 4)]]
     out = nk.evaluate(replay(cert))(*xs)
@@ -151,7 +151,7 @@ def test_an_integer_tile_certificate_keeps_the_shape_at_ragged_sizes():
 # ----------------------------------------------------------------------------- 3. check sizes
 def test_the_checker_chooses_its_own_sizes_and_tiles():
     cert = derive("attention", FLASH, {"q": 8, "x": 8, "d": 4}, {"g_q": 4, "s_x": 4})
-    from napkin.commands import replay
+    from napkin.cli.commands import replay
     cases = check_cases(cert, [replay(cert)])
     assert cases[0].sizes == cert.sizes and cases[0].tiles == cert.tiles
     assert any(set(c.sizes.values()) == {1} and set(c.tiles.values()) == {1} for c in cases)
@@ -165,7 +165,7 @@ def test_the_checker_chooses_its_own_sizes_and_tiles():
 def test_a_wrong_rule_hidden_at_the_certificates_sizes_is_caught(monkeypatch, fresh_memos):
     """Reinstate the integer-tile bug (a short last piece keeps the nominal size):
     at the certificate's own sizes every tile divides, yet the checker's draws fail it."""
-    from napkin import streamed
+    from napkin.core import streamed
     monkeypatch.setattr(streamed, "at_length",
                         lambda diagram, axis, size, length, ctx: (diagram, ctx.bound(size, length)))
     cert = derive("attention", [("group_partition", (), {"axis": "q", "size": 2}),
@@ -179,7 +179,7 @@ def test_a_wrong_rule_hidden_at_the_certificates_sizes_is_caught(monkeypatch, fr
 def test_the_numeric_check_folds_chunks_without_unrolling():
     """Tracing a stream of 1-wide chunks costs the same at x = 16 and x = 256 (a
     certificate with s_x = 1 at x = 256 took 376 s when every chunk was traced)."""
-    from napkin.commands import replay
+    from napkin.cli.commands import replay
     cert = derive("attention", FLASH, {"q": 4, "x": 16, "d": 2}, {"g_q": 1, "s_x": 1})
     program = replay(cert)
     sizes = []

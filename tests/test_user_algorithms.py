@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import napkin
-from napkin.certificate import size_symbols
+from napkin.certify.certificate import size_symbols
 from napkin.cli import main
 
 import user_algorithms

@@ -1,7 +1,7 @@
 """Algorithms a user writes that are not in the library, each an Algorithm with a
 plain-jnp reference sharing no code with napkin (`napkin run --from
 tests/user_algorithms.py:NAME` compares the kernel with it).  Used by
-tests/test_user_algorithms.py; also a gallery of what napkin.ops states."""
+tests/test_user_algorithms.py; also a gallery of what napkin.frontend.ops states."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,7 +9,7 @@ import sympy
 
 import napkin as nk
 from napkin import ops
-from napkin.library import Algorithm
+from napkin.frontend.library import Algorithm
 
 q, x, d, k, r = nk.axes("q x d k r")
 a, b, c, e = nk.axes("a b c e")

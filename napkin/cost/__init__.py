@@ -45,7 +45,7 @@ paper notes):
   rules build them); ``dtype="f16"`` prices every array, state included, at one dtype (the
   paper's q bytes per value); ``dtype={"Q": "fp8", ...}`` per array name.
 * **FLOPs and time.** FLOPs come from the primitives (a size-k contraction 2k per output, as
-  ``napkin.flops``), split by unit: matrix products (two inputs, each with an output axis of
+  ``napkin.core.flops``), split by unit: matrix products (two inputs, each with an output axis of
   its own, and a summed axis) on tensor cores at ``peak_flops`` of their widest input dtype,
   transcendental maps on the SFU, the rest (dot products included) on the vector ALUs
   (a ``tensor:f32`` contraction runs at the vector rate, the profiles' f32 figure).  Roofline:

@@ -33,7 +33,7 @@ import numpy as np
 import sympy
 
 from napkin.cost.model import compute_times, evaluate_on, fold, value_at
-from napkin.memo import IdentityMemo
+from napkin.core.memo import IdentityMemo
 from napkin.schedule.resources import block_level, kernels as kernel_resources
 
 REGISTER_OVERHEAD = 32  # [EST] registers a thread spends on indices, addresses and loop state

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 import sympy
 
-from napkin.errors import NapkinError
+from napkin.core.errors import NapkinError
 from napkin.hardware import Hardware, HardwareError
-from napkin.memo import IdentityMemo
+from napkin.core.memo import IdentityMemo
 from napkin.schedule import (  # noqa: F401  (re-exported: the cost model's vocabulary)
     ContractionRecord, Loop, Move, Step, TileInfo, as_max, build, bytes_per_value, prune,
 )

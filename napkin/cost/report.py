@@ -109,7 +109,7 @@ def plot_cost(program, hardware, sizes: Mapping, path, dtype=None, *, level: str
 
     from napkin.cost.bounds import lower_bound
     from napkin.cost.optimize import M_SYM, Grid, reference_bytes, canonical_form
-    from napkin.errors import NapkinError
+    from napkin.core.errors import NapkinError
 
     c = program if isinstance(program, Cost) else cost_of(program, hardware, dtype,
                                                          intermediates=intermediates)

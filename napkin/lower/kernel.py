@@ -8,7 +8,7 @@ One generic lowering, no per-algorithm kernels, in two parts:
   the body, the whole axes padded to a block the backend takes, and the neutral elements
   that pad a ragged tail's reductions;
 * a backend (:mod:`napkin.lower.backends`; ``triton`` today) spells that plan, writing
-  every box through :func:`napkin.semantics.box_function` with a recording array
+  every box through :func:`napkin.core.semantics.box_function` with a recording array
   namespace, so the kernel's code comes from the semantics' own box mapping.
 
 Ragged sizes: only static shapes reach a kernel, so raggedness is known when it is
@@ -39,11 +39,11 @@ import jax.numpy as jnp
 import numpy as np
 import sympy
 
-from napkin.arrays import array_types, canonical_dtype
-from napkin.errors import NapkinError, ShapeError
+from napkin.core.arrays import array_types, canonical_dtype
+from napkin.core.errors import NapkinError, ShapeError
 from napkin.lower.backends import DEFAULT, Written, get_backend
 from napkin.lower.plan import KernelPlan, Planner, kernel_unlowerable, loop_boxes, peel
-from napkin.primitives import FLOATING, JNP_DTYPES
+from napkin.core.primitives import FLOATING, JNP_DTYPES
 
 
 def _symbol(key):

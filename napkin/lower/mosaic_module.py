@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from napkin.errors import NapkinError
+from napkin.core.errors import NapkinError
 
 
 def mosaic_module(mlir_text: str) -> str:

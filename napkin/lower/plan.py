@@ -29,13 +29,13 @@ import networkx as nx
 import numpy as np
 import sympy
 
-from napkin.arrays import array_types
-from napkin.errors import NapkinError
-from napkin.ir import ops as op_order, primitive_boxes, to_graph, view
+from napkin.core.arrays import array_types
+from napkin.core.errors import NapkinError
+from napkin.core.ir import ops as op_order, primitive_boxes, to_graph, view
 from napkin.lower.emit import identifier
-from napkin.primitives import matmul_sides
-from napkin.semantics import bind_sizes
-from napkin.weave import unweavable, unweave
+from napkin.core.primitives import matmul_sides
+from napkin.core.semantics import bind_sizes
+from napkin.frontend.weave import unweavable, unweave
 
 
 def is_pow2(n: int) -> bool:
@@ -301,7 +301,7 @@ def chunk_guards(spec) -> list:
     skipped or not); the masked entries are absorbed (:func:`absorbing`'s walk); and the
     condition reads no state and no contraction or reduction (cheap, before the chunk's
     matrix products)."""
-    from napkin.region import region, region_diagram
+    from napkin.core.region import region, region_diagram
     g = to_graph(spec.update)
     order = op_order(g)
     inputs = g.graph["inputs"]

@@ -16,13 +16,13 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from napkin.arrays import array_types
-from napkin.errors import NapkinError, ShapeError
-from napkin.ir import ops as op_order, view
+from napkin.core.arrays import array_types
+from napkin.core.errors import NapkinError, ShapeError
+from napkin.core.ir import ops as op_order, view
 from napkin.lower.backends import DEFAULT
 from napkin.lower.emit import identifier
 from napkin.lower.kernel import LoweredKernel
-from napkin.semantics import bind_sizes, fold_boxes
+from napkin.core.semantics import bind_sizes, fold_boxes
 
 
 def top_boxes(program) -> list:

@@ -23,7 +23,7 @@ import re
 import tempfile
 from dataclasses import dataclass
 
-from napkin.errors import NapkinError
+from napkin.core.errors import NapkinError
 
 SHARED_LIMIT = 227 * 1024  # bytes of shared memory a Hopper block may use
 # jaxlib minor version -> the triton minor version whose parser reads its Triton IR (checked

@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass, field
 
 from napkin.cost.model import value_at
-from napkin.errors import NapkinError
+from napkin.core.errors import NapkinError
 from napkin.lower.ptx import SHARED_LIMIT, CompiledKernel, compile_ptx, versions
 from napkin.schedule import Buffer, Schedule, Step
 

@@ -26,7 +26,7 @@ import jax
 from jax.extend import core as jex_core
 import numpy as np
 
-from napkin.errors import NapkinError
+from napkin.core.errors import NapkinError
 
 
 class _Unknown:

@@ -7,7 +7,7 @@
 
 The walk that decides where every array lives, what moves when, and what is live at once
 happens here and nowhere else: :func:`napkin.cost.cost` folds the nest into transfers,
-memory, FLOPs and time, :func:`napkin.pseudocode.pseudocode` renders it.  See
+memory, FLOPs and time, :func:`napkin.views.pseudocode.pseudocode` renders it.  See
 :mod:`napkin.schedule.nest` for the data and :mod:`napkin.schedule.build` for the walk.
 """
 from napkin.schedule.build import ScheduleError, build, bytes_per_value

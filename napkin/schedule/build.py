@@ -16,12 +16,12 @@ from collections.abc import Mapping
 
 import sympy
 
-from napkin.arrays import canonical_dtype
-from napkin.errors import NapkinError
+from napkin.core.arrays import canonical_dtype
+from napkin.core.errors import NapkinError
 from napkin.hardware import DTYPE_BYTES, Hardware, get_hardware, resolve_level
-from napkin.ir import ops as op_order, view
-from napkin.memo import IdentityMemo
-from napkin.primitives import matmul_axes, merge_axes
+from napkin.core.ir import ops as op_order, view
+from napkin.core.memo import IdentityMemo
+from napkin.core.primitives import matmul_axes, merge_axes
 from napkin.schedule.nest import (
     ONE, ZERO, Assign, Buffer, ContractionRecord, Loop, Move, Schedule, Step, TileInfo, nonneg,
 )

@@ -21,7 +21,7 @@ execution of its parent.  A loop that allocates (a body) also records its livene
 ``holds`` (buffer, first step, last step) at its level, and ``children`` (step, loop) whose
 memory adds in at that step.  :meth:`Loop.peaks` folds that into the peak memory per level;
 the cost model (``napkin.cost``) folds moves, steps and peaks into transfers, FLOPs, memory
-and time, and the pseudocode (``napkin.pseudocode``) renders the same tree as text.
+and time, and the pseudocode (``napkin.views.pseudocode``) renders the same tree as text.
 """
 from __future__ import annotations
 

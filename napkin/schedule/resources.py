@@ -20,8 +20,8 @@ import numpy as np
 import sympy
 
 from napkin.hardware import resolve_level
-from napkin.memo import IdentityMemo
-from napkin.primitives import matmul_sides
+from napkin.core.memo import IdentityMemo
+from napkin.core.primitives import matmul_sides
 from napkin.schedule.nest import ONE, ZERO, Loop, Schedule, Step, prune
 
 

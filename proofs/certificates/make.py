@@ -62,8 +62,8 @@ DERIVATIONS = {
 
 
 def build(name: str):
-    from napkin.certificate import derive
-    from napkin.region import Site
+    from napkin.certify.certificate import derive
+    from napkin.core.region import Site
     algorithm, steps, sizes, tiles = DERIVATIONS[name]
     spelled = []
     for rule, path, params in steps:
@@ -91,7 +91,7 @@ def main(argv=None) -> int:
         cert = build(name)
         path = args.out / f"{name}.json"
         if args.check:
-            from napkin.checker import check_certificate
+            from napkin.certify.checker import check_certificate
             same = path.exists() and path.read_text(encoding="utf-8") == cert.to_json()
             report = check_certificate(cert, name=name)
             bad += (not same) + (not report.ok)

@@ -22,7 +22,7 @@ import itertools
 import linecache
 from dataclasses import dataclass, field
 
-from napkin.errors import NapkinError
+from napkin.core.errors import NapkinError
 
 BACKENDS = {
     "triton": "napkin.lower.backends.triton",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import jax
 
-from napkin.errors import NapkinError
+from napkin.core.errors import NapkinError
 from napkin.lower.backends.mosaic_gpu import MOSAIC
 from napkin.lower.backends.triton import TRITON
 

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from napkin.errors import NapkinError
+from napkin.core.errors import NapkinError
 from napkin.lower.emit import LOW_PRECISION, NAME, Recorder, Var, Writer
 
 FP8 = np.dtype(jnp.float8_e4m3fn)

@@ -52,16 +52,16 @@ import jax.numpy as jnp
 import numpy as np
 import sympy
 
-from napkin.arrays import array_types
-from napkin.errors import NapkinError
+from napkin.core.arrays import array_types
+from napkin.core.errors import NapkinError
 from napkin.lower.backends import Written, load_module
 from napkin.lower.backends.mosaic_emit import HELPERS, MosaicRecorder, MosaicWriter, SmemRef
 from napkin.lower.emit import LOW_PRECISION, Var, dtype_name
-from napkin.ir import to_graph
+from napkin.core.ir import to_graph
 from napkin.lower.plan import BlockRules, KernelPlan, loop_boxes, tile_indices
-from napkin.primitives import EvalContext
-from napkin.semantics import fold_boxes
-from napkin.weave import unweavable, unweave
+from napkin.core.primitives import EvalContext
+from napkin.core.semantics import fold_boxes
+from napkin.frontend.weave import unweavable, unweave
 
 SMEM_LIMIT = 232448         # bytes of shared memory a Hopper block may use (227 KiB)
 EPILOGUE_BYTES = 16384      # an output block per consumer above this is stored in slices

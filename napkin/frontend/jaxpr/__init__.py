@@ -1,0 +1,109 @@
+"""JAX functions in: ``napkin.from_jax(fn, *shape_dtype_structs, axes=...)`` reads a plain
+JAX function's jaxpr into a napkin diagram over named axes.
+
+    def attention(q, k, v):                    # q[q,d], k[x,d], v[x,d]: plain jnp
+        s = jnp.einsum("qd,xd->qx", q, k) / jnp.sqrt(q.shape[-1])
+        return jax.nn.softmax(30.0 * jnp.tanh(s / 30.0), axis=-1) @ v
+
+    S = jax.ShapeDtypeStruct
+    diagram = napkin.from_jax(attention, S((512, 64), jnp.float32), S((2048, 64), jnp.float32),
+                              S((2048, 64), jnp.float32), axes=["q d", "x d", "x d"])
+    napkin.optimize(diagram, sizes=diagram.sizes)     # FlashAttention for the soft-capped form
+
+The diagram is a faithful translation: its meaning is the function's over the reals (a
+float literal the exact value it holds, a float cast the identity — napkin's semantics),
+every pattern read back only where it provably means the same.  The modules, in order:
+
+* **Tracing** (:mod:`.tracing`).  ``fn`` is traced with ``jax.make_jaxpr`` at *symbolic*
+  sizes (one ``jax.export`` symbol per axis name), so sizes the function computes with
+  (``jnp.sqrt(q.shape[-1])``, a mean's divisor, ``jnp.arange(q.shape[0])``) stay symbols
+  and the diagram serves every size, as a library algorithm does.  Code that needs a
+  Python number from a size (``math.sqrt(d)``, ``d ** -0.5``) cannot trace so; it is then
+  traced at the given sizes and once more at other sizes — the same equations, every axis
+  its size in both — and each constant that changed is read back as c·sizeᵖ (p = ±1, ±½,
+  ±2) of the one axis that explains both traces exactly (to its dtype's rounding), or
+  refused with a line saying how to write it.  jit / pjit / custom_jvp / custom_vjp calls
+  are inlined.
+* **Axes** (:mod:`.naming`).  Every dimension of every jaxpr variable gets an axis by
+  unification along the data flow (elementwise operands, dot_general's contracting and
+  batch dimensions, broadcast_in_dim's mapped dimensions, ...); the arguments' axes come
+  from ``axes=`` or, without it, from sizes (``n4096``: one axis per distinct size; two
+  different axes of one size are an error asking for ``axes=``).  A dimension of size 1 is
+  *no* axis: napkin broadcasts by name, so ``broadcast_in_dim``, ``reshape``,
+  ``expand_dims``, ``squeeze`` and ``transpose`` are wiring, not boxes.
+* **Primitives** (:mod:`.graph`).  ``stop_gradient`` is the identity; the rest map to
+  napkin primitives one by one, a literal operand to the constant forms (``scale``,
+  ``add_const``, ``max_const``, ...), constants folded (exactly for sizes, square roots and
+  reciprocals).  Common subexpressions are shared (JAX does not share them: ``jnp.exp(x) /
+  jnp.exp(x).sum()`` computes exp twice), before the patterns and after.
+* **Patterns** (:mod:`.patterns`, :mod:`.elementwise`, :mod:`.masks`), read back into the
+  primitives the search streams: softmax, logsumexp and log-softmax (``jax.nn.softmax``,
+  ``jax.scipy.special.logsumexp``, ``jax.nn.log_softmax`` and their hand-written
+  max-shifted forms, by structure), mean (c·|a| = 1 exactly), ``c·tanh(x/c)`` (softcap,
+  c·(1/c) = 1 exactly), ``max(x, 0)`` (relu), ``select_n(is_finite(m), 0, m)``; gelu (both
+  forms), silu and sigmoid from any elementwise cone of one input that sympy *proves*
+  equal to napkin's definition (a constant counts as √(2/π), 0.044715, 1/√2 where its
+  dtype holds it as that constant's rounding, as ``jax.nn.gelu`` writes it); a causal or
+  sliding-window mask written with ``jnp.arange`` (iota) comparisons in int32 or f64, a
+  fill ≤ −5e29 (or −∞) in an f64/f32/bf16 array, whose result only feeds softmaxes over
+  the key axis, becomes ``causal_mask`` / ``window_mask`` (the search skips masked
+  tiles); any other mask stays positions / compare / where, correct but not skipped.
+* **Anything else** is one line naming the primitive and the user's source line: a
+  cumsum, a sort, a gather other than take_along_axis's, a take_along_axis with
+  ``mode="clip"``, a reshape that merges axes, an array with two dimensions of one axis
+  (``x @ x.T``: napkin has no primitive renaming an axis, so a self-attention takes its
+  keys' source as an argument of its own), a dtype napkin lacks (uint8, int16, ...).
+
+Where they differ (napkin's primitives document each): napkin's softmax gives a row that
+keeps no entry (its maximum −∞ or below −5e29) zeros, where ``jax.nn.softmax`` gives NaN
+(−∞) or the uniform average (a finite fill), and the unshifted exp(x)/Σexp(x) overflows
+where napkin's does not; napkin's take_along_axis gives 0 for an index out of range, JAX
+its fill (NaN); int64 (x64) is read as int32; and a dimension of size 1 is dropped from
+the diagram's inputs (marked "1" in ``axes``) and outputs.
+"""
+from __future__ import annotations
+
+from napkin.frontend.jaxpr.emit import emit
+from napkin.frontend.jaxpr.graph import Graph
+from napkin.frontend.jaxpr.naming import Naming, arg_names, axis_names, struct
+from napkin.frontend.jaxpr.patterns import recognise
+from napkin.frontend.jaxpr.tracing import dce, read_size_constants, trace
+from napkin.frontend.jaxpr.vocabulary import fail
+
+__all__ = ["from_jax"]
+
+
+def from_jax(fn, *args, axes=None, name: str | None = None):
+    """Read the plain JAX function ``fn`` into a napkin diagram.
+
+    ``args``: one ``jax.ShapeDtypeStruct`` (or array) per positional argument of ``fn``.
+    ``axes``: the names of each argument's dimensions — a list (one entry per argument)
+    or a dict ``{argument name: names}``, each entry a space-separated string (``"q d"``)
+    or a sequence of names or :class:`~napkin.Axis`; ``"1"`` or ``"_"`` marks a dimension
+    of size 1 that is broadcast rather than an axis (the diagram's input then lacks it).
+    Without ``axes`` a dimension is named by its size (``n4096``).  Sizes in the diagram
+    are symbols; the arguments' sizes are ``diagram.sizes`` (``{axis: int}``), for
+    ``napkin.optimize(diagram, sizes=diagram.sizes)``.  ``name``: the algorithm's name
+    (default ``fn.__name__``).  Dimensions of size 1 in the outputs are dropped (napkin
+    arrays have no unit axes).  See :mod:`napkin.frontend.jaxpr` for what is read and how."""
+    if not callable(fn):
+        fail(f"expected a function, got {type(fn).__name__}")
+    structs = [struct(a, i) for i, a in enumerate(args)]
+    argnames = arg_names(fn, len(structs))
+    label = name or getattr(fn, "__name__", "fn")
+    if not label.isidentifier():
+        label = "fn"
+    names = axis_names(axes, structs, argnames)
+    traced = trace(fn, structs, names, label)
+    eqns = dce(traced.eqns, traced.outvars)
+    naming = Naming(traced, names, argnames)
+    naming.run(eqns)
+    if traced.mode == "concrete":  # sizes the function read as numbers: back to symbols
+        read_size_constants(fn, structs, traced, naming.dims, {id(e) for e in eqns}, label)
+    graph = Graph(naming, traced)
+    outs = graph.build(eqns, traced.invars, traced.outvars)
+    recognise(graph, outs)
+    diagram = emit(graph, outs, traced.invars, naming, argnames, label)
+    from napkin.certify.certificate import size_symbols
+    diagram.sizes = {a: s for a, s in traced.sizes.items() if a in size_symbols(diagram)}
+    return diagram

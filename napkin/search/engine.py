@@ -1,0 +1,933 @@
+"""Search: the chain of rule applications that minimises modelled time.
+
+The state space is a networkx DiGraph: nodes are programs, identified up to the
+order of independent boxes (napkin.search.canonical: a hash-consed canonical form, with
+an isomorphism check behind it, so two chains reaching the same program meet in
+one node); edges are rule applications (rule, site, parameters).  Tile sizes
+stay symbolic (g_q, s_x) during the structural search; every state gets its tiles from the cost
+model's optimiser (napkin.cost.optimize_tiles) for the given sizes and
+hardware.
+
+Best-first: the frontier is ordered by the state's own optimised time, and a
+state is expanded only while an admissible lower bound — the compulsory
+traffic (read every input and write every output once at the top level) and
+the FLOPs at peak throughput, which no rewrite can beat — is below the best
+time found; states that do not fit yet are ordered by how far their boxes
+overflow the chip.  Limits on states and seconds are reported in the result when
+hit, never silently.  There is no algorithm-specific code here: every move comes
+from a rule's ``candidates``, and the search reads the traits a rule declares
+(:class:`rewrites.base.Rule`), never its name.
+
+Two moves that rewrite disjoint boxes commute; the second order is skipped when
+the first is checked to reach the same program (a partial-order reduction).
+Over the whole memory hierarchy the search runs in two phases: the structure
+over two levels, then the level refinements of the best structures.
+"""
+from __future__ import annotations
+
+import contextlib
+import gc
+import heapq
+import itertools
+import math
+import time
+from dataclasses import dataclass, field
+
+import networkx as nx
+
+from napkin.search.canonical import canonical_hash, same_program
+from napkin.certify.certificate import fingerprint
+from napkin.core.errors import NapkinError
+from napkin.core.ir import ops as op_order, primitive_boxes, view
+from napkin.cost import Grid, cost, optimize_tiles, value_at
+from napkin.cost.model import bytes_per_value, compute_times
+from napkin.hardware import DTYPE_BYTES, get_hardware
+from napkin.core.region import Site, body_at
+from rewrites import RULES
+
+PATIENCE = 150  # states costed without a better program before the search stops (see search)
+SIGNIFICANT = 0.005  # a better program resets the patience when it is this much faster
+
+
+@dataclass(frozen=True)
+class Move:
+    rule: str
+    site: Site
+    params: tuple  # sorted (key, value) pairs, hashable
+    # what it rewrites: rule, parameters and the ids of the boxes at the site (the same
+    # rewrite of the same boxes in two states has one ident); not part of equality
+    ident: tuple = field(default=(), compare=False, repr=False)
+
+    @property
+    def params_dict(self) -> dict:
+        return dict(self.params)
+
+    def to_json(self) -> dict:
+        return {"rule": self.rule, "site": self.site.to_json(), "params": self.params_dict}
+
+    def __str__(self):
+        ps = ", ".join(f"{k}={v}" for k, v in self.params)
+        return f"{self.rule}({ps}) at {self.site}"
+
+
+@dataclass
+class State:
+    key: str
+    program: object
+    chain: tuple[Move, ...]
+    _tiles: object = None         # napkin.cost.Tiles, filled on first use (see ``tiles``)
+    _report: object = None        # the Evaluator that fills them
+    time_s: float = math.inf
+    feasible: bool = False
+    min_memory: dict = field(default_factory=dict)
+    error: str | None = None
+    unlowerable: str | None = None  # why no kernel backend writes it yet ("" when one does;
+                                    # None until asked)
+    frozen: bool = False          # its top level is final: every top-level move is refused or
+                                  # leads to a program no backend writes, here and (rules only
+                                  # nest, premises only tighten) in all it derives below
+    pruned: float = 0.0           # not costed: nothing derived from it that a backend writes
+                                  # beats this time (the best when it was reached)
+    cost: object = None           # napkin.cost.Cost (symbolic)
+    grid: object = None           # napkin.cost.Grid (every tiling, evaluated)
+    bytes: float = math.inf       # bytes moved at the main level, at the best tiles
+    excess: tuple = (math.inf, math.inf)  # while it does not fit: (boxes' overflow,
+                                          # kernels' smallest memory), summed
+    bound_by: str = ""
+    tile_values: dict = field(default_factory=dict)
+    found_s: float = 0.0          # seconds into the search when it was reached
+    parent: "State | None" = field(default=None, repr=False)  # the state it was first reached from
+    via: Move | None = None       # ... by this move
+    moves: list | None = field(default=None, repr=False)      # its moves, once listed
+    children: dict = field(default_factory=dict, repr=False)  # move ident -> child key
+    applied: dict = field(default_factory=dict, repr=False)   # top-level move ident -> program
+
+    @property
+    def tiles(self):
+        """The full optimum (integer tiles, continuous optimum, canonical form, bounds),
+        worked out when first asked for: the search itself needs only the grid."""
+        if self._tiles is None and self._report is not None:
+            self._report.report(self)
+        return self._tiles
+
+    @tiles.setter
+    def tiles(self, value):
+        self._tiles = value
+
+
+@dataclass
+class SearchResult:
+    algorithm: object
+    best: State
+    alternatives: list[State]
+    states: int
+    expanded: int
+    seconds: float
+    limit_hit: str | None
+    graph: nx.DiGraph
+    lower_bound_s: float
+    refused: dict = field(default_factory=dict)  # (rule, axis) -> why, at the algorithm itself
+    commuted: int = 0  # moves not applied: their program is reached in the other order
+    hardware: object = None  # the profile as searched (its GMEM + SMEM view for levels="two")
+    pruned: int = 0  # states reached but never costed: nothing derived from them could win
+    note: str = ""   # why the best is slow, when it is the one-kernel-per-box fallback
+    stopped: str | None = None  # the search stopped by its patience (not a limit): why
+
+    @property
+    def first_fit_s(self) -> float:
+        """Seconds into the search when the first program that fits was reached (a search
+        stopped by its limits still hands back the best it found by then)."""
+        return min(self.graph.nodes[n]["state"].found_s for n in self.graph.nodes
+                   if self.graph.nodes[n]["state"].feasible)
+
+    def reason_loses(self, alt: State) -> str:
+        """Why an alternative is worse than the best, in words."""
+        b = self.best
+        if not alt.feasible:
+            return f"does not fit on chip ({_mem_text(alt.min_memory)} at its smallest tiles)"
+        if alt.error:
+            return f"cannot be costed: {alt.error}"
+        ratio = alt.time_s / b.time_s if b.time_s else math.inf
+        parts = [f"{ratio:.2f}× the time"]
+        if b.bytes:
+            parts.append(f"{alt.bytes / b.bytes:.2f}× the bytes moved")
+        parts.append(f"bound by {alt.bound_by}")
+        idle = self._idle(alt) if ratio > 1 + 1e-9 and alt.bytes < b.bytes else ""
+        if idle:
+            parts.append(idle)
+        if alt.unlowerable and not b.unlowerable:
+            parts.append(f"and no kernel backend writes it yet ({alt.unlowerable})")
+        elif ratio <= 1 + 1e-9:
+            parts.append("no faster, and a longer chain")
+        return ", ".join(parts)
+
+
+    def _idle(self, alt: State) -> str:
+        """Where an alternative that moves fewer bytes loses on the chip's occupancy: a
+        kernel of it with fewer blocks than the chip has SMs (a single head's 4096 queries
+        in tiles of 128 are 32 blocks), in words; "" when none."""
+        if alt._report is None:
+            alt._report = self.best._report
+        launches = getattr(alt.tiles, "launch", None) or []
+        try:
+            sms = self.hardware.instances(self.hardware.levels[1].name)
+        except (AttributeError, IndexError, ValueError):
+            return ""
+        short = [k for k in launches if isinstance(k.get("blocks"), (int, float))
+                 and k["blocks"] < sms]
+        if not short:
+            return ""
+        k = min(short, key=lambda k: k["blocks"])
+        return (f"its kernel {k.get('kernel', '')} runs {int(k['blocks'])} blocks on {sms} SMs "
+                f"(the rest of the chip idles)")
+
+
+def _mem_text(mem: dict) -> str:
+    return ", ".join(f"{lv} {v / 1024:.0f} KiB" for lv, v in mem.items()) or "?"
+
+
+def _group_paths(program, path=()):
+    """Every path to a group body, the root included."""
+    yield tuple(path)
+    g = view(body_at(program, path))
+    for i, n in enumerate(op_order(g)):
+        if g.nodes[n]["box"].spec.kind == "group":
+            yield from _group_paths(program, (*path, i))
+
+
+def _grouped_axes(program, path) -> set[str]:
+    axes, d = set(), program
+    for i in path:
+        g = view(d)
+        spec = g.nodes[op_order(g)[i]]["box"].spec
+        axes.add(spec.axis)
+        d = spec.body
+    return axes
+
+
+def moves(program, rules=None, refused: dict | None = None, levels=None):
+    """Every applicable rule application (premises checked).  ``refused``, if
+    given, collects ``{(rule, axis): reason}`` for proposals whose premises fail."""
+    rules = rules or {k: v for k, v in RULES.items() if v.subsumed_by is None and not v.eager}
+    for path in _group_paths(program):
+        taken = _grouped_axes(program, path)
+        g = view(body_at(program, path))
+        boxes = [g.nodes[n]["box"] for n in op_order(g)]
+        for name, rule in rules.items():
+            try:
+                proposed = list(rule.candidates(program, path))
+            except Exception as e:  # noqa: BLE001 - a rule that cannot propose is a refusal
+                if refused is not None:
+                    refused.setdefault((name, None), _why(e))
+                continue
+            for site, params in proposed:
+                if levels is not None and params.get("level", levels[-1]) not in levels:
+                    continue  # a level this hierarchy does not have
+                if rule.groups_axis:
+                    if params.get("axis") in taken:
+                        continue  # re-tiling a tiled axis at the same level: no new program
+                    if not _canonical_nesting(program, path, site, params["axis"]):
+                        continue
+                try:
+                    rule.check(program, site, params)
+                except Exception as e:  # noqa: BLE001 - a refusal, whatever raised it
+                    if refused is not None:
+                        refused.setdefault((name, params.get("axis")), _why(e))
+                    continue
+                ps = tuple(sorted(params.items()))
+                yield Move(name, site, ps, (name, ps, tuple(id(boxes[i]) for i in site.ops)))
+
+
+def _why(e: Exception) -> str:
+    """A refusal's reason: a premise's own words, or what a rule that crashed raised."""
+    return str(e) if isinstance(e, NapkinError) else f"the rule failed: {type(e).__name__}: {e}"
+
+
+def _single_group(body):
+    """The spec of the only box of ``body`` when it is a group, else None."""
+    g = view(body)
+    order = op_order(g)
+    if len(order) == 1 and g.nodes[order[0]]["box"].spec.kind == "group":
+        return g.nodes[order[0]]["box"].spec
+    return None
+
+
+def _canonical_nesting(program, path, site, axis) -> bool:
+    """Symmetry reduction: two whole-body groups nested directly in one another
+    form one grid whatever their order (same cost, same further rewrites), so
+    only the order with the outer axis first alphabetically is explored."""
+    body = body_at(program, path)
+    if len(site.ops) != len(op_order(view(body))):
+        return True
+    inner = _single_group(body)
+    if inner is not None and inner.axis < axis:
+        return False  # wrapping a lone group: keep outer < inner
+    if path:
+        outer = _single_group(body_at(program, path[:-1]))
+        if outer is not None and axis < outer.axis:
+            return False  # filling a lone group's body: keep outer < inner
+    return True
+
+
+def apply_move(program, move: Move):
+    return RULES[move.rule].apply(program, move.site, move.params_dict)
+
+
+def eager_moves(diagram, limit: int = 200) -> tuple:
+    """(program, chain): the eager rules (:attr:`rewrites.base.Rule.eager`: recognition of
+    hand-written forms, recomputation of a value a reduction needs a copy of) applied
+    wherever they apply, the largest site first, until none does — the start of every chain
+    the search makes, so it branches only on partitions."""
+    program, chain = diagram, []
+    eager = {k: r for k, r in RULES.items() if r.eager}
+    for _ in range(limit):
+        for name, rule in eager.items():  # the largest site first: a match inside another
+            for site, params in sorted(rule.candidates(program),  # is the lesser reading
+                                       key=lambda c: -len(c[0].ops)):
+                try:
+                    new = rule.apply(program, site, dict(params))
+                except NapkinError:
+                    continue
+                chain.append(Move(name, site, tuple(sorted(params.items()))))
+                program = new
+                break
+            else:
+                continue
+            break
+        else:
+            return program, tuple(chain)
+    raise NapkinError(f"the eager rules did not settle within {limit} moves")
+
+
+class Evaluator:
+    """Cost of a program for fixed sizes and hardware."""
+
+    def __init__(self, hardware, sizes: dict, dtype=None, objective: str = "time",
+                 levels: str = "two"):
+        hw = get_hardware(hardware)
+        self.hw = hw.two_level() if levels == "two" and len(hw.levels) > 2 else hw
+        # level names the rules may use: a two-level profile keeps its on-chip level
+        # under the name the rules know ("smem")
+        self.levels = [lv.name.split("[")[0] for lv in self.hw.levels]
+        self.sizes, self.dtype, self.objective = dict(sizes), dtype, objective
+
+    def writability(self, state: State) -> str:
+        """Why no kernel backend writes the state's program ("" when one does); cheap next
+        to costing it, so the search asks first."""
+        if state.unlowerable is None:
+            from napkin.lower.backends import get_backend  # (jax: imported once, when used)
+            from napkin.lower.plan import unlowerable
+            state.unlowerable = unlowerable(state.program, self.sizes, get_backend().rules)
+        return state.unlowerable
+
+    def __call__(self, state: State) -> None:
+        """Integer-optimal tiles and their time (the cheap part: one numpy grid)."""
+        try:
+            self.writability(state)
+            c = cost(state.program, self.hw, self.dtype)
+            grid = Grid(c, self.sizes)
+            best, feasible = grid.best(self.objective)
+            state.cost, state.grid = c, grid
+            state.feasible = feasible
+            if feasible:  # (a program that does not fit has no time, nor traffic to price)
+                state.time_s = float(grid.time[best])
+                state.bytes = float(grid.Hb[best])
+                state.bound_by = grid.labels[int(grid.which[best])]
+            state.tile_values = grid.values(best)
+            state.min_memory = grid.shortfall(launch=self.objective == "time")
+            if not feasible:  # how far from fitting: every box's own arrays beyond the
+                # smallest capacity (each layer of a stack counts: the kernels' peaks alone
+                # are one per shape, blind to one layer fixed), then every kernel's need
+                launches = grid.launches if self.objective == "time" else None
+                state.excess = (self.overflow(state.program, {**self.sizes, **state.tile_values})
+                                + (launches.excess if launches is not None else 0.0),
+                                sum(float(m.min()) for arrays in grid.mem_candidates.values()
+                                    for m in arrays))
+        except Exception as e:  # noqa: BLE001 - a program that cannot be costed is not chosen
+            state.error = _why(e)
+            if state.unlowerable is None:
+                state.unlowerable = ""
+
+    def overflow(self, program, values: dict) -> float:
+        """Bytes by which each primitive box's arrays (at these sizes and tiles) exceed
+        the smallest on-chip capacity, summed over every box at every depth."""
+        caps = [lv.capacity_bytes for lv in self.hw.levels[1:] if lv.capacity_bytes]
+        cap = min(caps) if caps else math.inf
+        total = 0.0
+        for box in primitive_boxes(program):
+            need = sum(_numel(ob.type, values) * self._bytes_per_value(ob)
+                       for ob in (*box.dom.inside, *box.cod.inside))
+            total += max(0.0, need - cap)
+        return total
+
+    def _bytes_per_value(self, ob) -> int:
+        return DTYPE_BYTES.get(self.dtype if isinstance(self.dtype, str) else ob.type.dtype, 4)
+
+    def report(self, state: State) -> None:
+        """The full optimum (continuous optimum, canonical form, bound ratio)."""
+        if state._tiles is None and getattr(state, "cost", None) is not None:
+            state._tiles = optimize_tiles(state.cost, sizes=self.sizes, objective=self.objective,
+                                         grid=state.grid)
+
+    def lower_bound(self, diagram) -> float:
+        """Compulsory traffic and compute at peak: no streamed program beats this.  Every
+        matrix product counts at the tensor cores' rate, batched or not (a program the
+        rules derive may take the batch axis out of the kernel's body)."""
+        flops: dict = {}
+        for box in primitive_boxes(diagram):
+            ins = tuple(ob.type for ob in box.dom.inside)
+            outs = tuple(ob.type for ob in box.cod.inside)
+            unit = box.spec.unit(ins, outs)
+            if unit == "tensor":
+                unit += ":" + max((self.dtype if isinstance(self.dtype, str) else ob.type.dtype
+                                   for ob in box.dom.inside), key=bytes_per_value)
+            flops[unit] = flops.get(unit, 0) + box.spec.flops(ins, outs)
+        compute = max([value_at(e, self.sizes) for e in compute_times(flops, self.hw).values()]
+                      or [0.0])
+        return max(self._bytes([*diagram.dom.inside, *diagram.cod.inside]) /
+                   self.hw.levels[1].bandwidth_bytes_per_s, compute)
+
+    def written_bound(self, program, frozen: bool = False) -> float:
+        """What every program derived from ``program`` that a backend writes moves through
+        HBM, in seconds: the program's inputs and outputs once, and twice each value one
+        kernel hands another that no rewrite can keep on chip — a top-level group's output
+        another top-level box reads, a top-level group's input along its axis that another
+        box computes.  Rewrites only nest boxes: were the two kernels ever one, the group
+        would be inside a kernel whose other boxes read its outputs (or compute its
+        input), which no backend writes (:class:`napkin.lower.plan.Refusal`, final).
+
+        ``frozen``: no rewrite at the top level leads to a program a backend writes
+        (:attr:`State.frozen`), so every top-level box stays a kernel of its own and
+        every value between two of them goes through HBM.  A value handed on that is also
+        a program output is written once (counted with the outputs) and read once more."""
+        g = view(program)
+        handed = set()
+        for n in op_order(g):
+            node = g.nodes[n]
+            spec = node["box"].spec
+            if frozen:
+                handed.update(v for v in node["outs"] if list(g.successors(v)))
+                continue
+            if spec.kind != "group":
+                continue
+            handed.update(v for v in node["outs"] if list(g.successors(v)))
+            handed.update(v for v in node["ins"] if list(g.predecessors(v))
+                          and g.nodes[v]["ob"].type.has(spec.axis))
+        outputs = set(g.graph["outputs"])
+        io = [*program.dom.inside, *program.cod.inside]
+        moved = self._bytes(io) + sum((1 if v in outputs else 2) * self._bytes([g.nodes[v]["ob"]])
+                                      for v in handed)
+        return moved / self.hw.levels[1].bandwidth_bytes_per_s
+
+    def _bytes(self, obs) -> float:
+        return sum(value_at(ob.type.numel, self.sizes) * self._bytes_per_value(ob)
+                   for ob in obs)
+
+
+def search(diagram, hardware="h100", sizes=None, dtype=None, *, max_states: int = 2000,
+           max_seconds: float = 60.0, objective: str = "time", keep: int = 5,
+           levels: str = "two", commute: bool = True, prune: bool = True,
+           patience: int | None = PATIENCE) -> SearchResult:
+    """Best-first search for the fastest streamed program of ``diagram``.
+
+    ``levels``: "two" (GMEM + SMEM, the paper's setting) or "all" (the
+    profile's whole hierarchy).  "all" searches in two phases: the structure
+    (which regions become kernels, groups and streams) over two levels, then the
+    level refinements of the best structures — groups moved down to registers,
+    axes re-tiled inside existing kernels — over the whole hierarchy.  Searching
+    every level assignment of every structure at once grows the space about
+    thirtyfold for attention (1798 states against 68) and finds the same optimum.
+
+    ``prune``: leave uncosted the states from which nothing a backend writes can beat the
+    best found (off: every state reached is costed and bounded as it is popped, by its
+    written bound alone, as before the frozen top level; for checking the pruning).
+
+    ``patience``: stop once this many states have been costed since the best last
+    improved by more than 0.5 % (a program a backend writes that fits found;
+    ``SearchResult.stopped`` says so);
+    None searches until the frontier is empty or a limit is hit.  Most of an exhaustive
+    search's time goes to proving that a best found early stays best: differential
+    attention's was reached at 40 states of 2000.
+
+    ``commute``: apply two moves that rewrite disjoint boxes in one order only (a
+    partial-order reduction, checked move by move); off, every order is applied and
+    the duplicates meet in one state by their canonical form."""
+    if patience is not None and (isinstance(patience, bool) or not isinstance(patience, int)
+                                 or patience < 1):
+        raise NapkinError(f"patience must be a positive integer or None, got {patience!r}")
+    with _collector_paused():
+        return _search(diagram, hardware, sizes, dtype, max_states, max_seconds, objective,
+                       keep, levels, commute, prune, patience)
+
+
+@contextlib.contextmanager
+def _collector_paused():
+    """The search allocates millions of short-lived objects while the memos hold many
+    long-lived ones; Python's cyclic collector would re-traverse those again and again
+    (about a third of the search's time).  Reference counting still frees everything
+    that is not in a cycle; the collector runs again as soon as the search returns."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def _search(diagram, hardware, sizes, dtype, max_states, max_seconds, objective, keep, levels,
+            commute, prune, patience):
+    t0 = time.perf_counter()
+    start = eager_moves(diagram)
+    if levels == "all":
+        coarse = _best_first([start], Evaluator(hardware, sizes or {}, dtype, objective, "two"),
+                             max_states, max_seconds, t0, commute=commute, prune=prune,
+                             patience=patience, algorithm=diagram)
+        ev = Evaluator(hardware, sizes or {}, dtype, objective, "all")
+        ranked = sorted((s for s in coarse.states() if s.feasible), key=lambda s: s.time_s)
+        seeds = [(s.program, s.chain) for s in ranked[:keep]] or [start]
+        fine = _best_first(seeds, ev, max_states, max_seconds, t0, refine=True,
+                           algorithm=diagram, commute=commute, prune=prune, patience=patience)
+        fine.states_seen += coarse.states_seen
+        fine.expanded += coarse.expanded
+        fine.commuted += coarse.commuted
+        fine.pruned += coarse.pruned
+        fine.refused = coarse.refused
+        fine.limit = fine.limit or coarse.limit
+        fine.stopped = fine.stopped or coarse.stopped
+        return fine.result(diagram, ev, keep, t0)
+    ev = Evaluator(hardware, sizes or {}, dtype, objective, levels)
+    return _best_first([start], ev, max_states, max_seconds, t0, commute=commute,
+                       prune=prune, patience=patience, algorithm=diagram).result(diagram, ev,
+                                                                                 keep, t0)
+
+
+@dataclass
+class _Run:
+    """One best-first pass: its state graph, counters, best state and limit."""
+    graph: nx.DiGraph
+    best: State
+    bound: float
+    expanded: int = 0
+    commuted: int = 0    # moves not applied: the same program is reached in another order
+    pruned: int = 0      # states reached but not costed: nothing derived from them can win
+    states_seen: int = 0
+    limit: str | None = None
+    stopped: str | None = None  # why the search stopped short of an empty frontier (patience)
+    since_best: int = 0  # states costed since the best last improved
+    refused: dict = field(default_factory=dict)
+    buckets: dict = field(default_factory=dict)  # canonical hash -> node keys
+
+    def states(self):
+        return [self.graph.nodes[n]["state"] for n in self.graph.nodes]
+
+    def find(self, program) -> tuple[str, str | None]:
+        """(canonical hash, key of the state holding this program or None)."""
+        h = canonical_hash(program)
+        for k in self.buckets.get(h, ()):
+            known = self.graph.nodes[k]["state"].program
+            if fingerprint(known) == fingerprint(program) or same_program(known, program):
+                return h, k
+        return h, None
+
+    def new_key(self, h: str) -> str:
+        """A node key for a program not in the graph (a hash collision gets a suffix)."""
+        keys = self.buckets.setdefault(h, [])
+        keys.append(h if not keys else f"{h}.{len(keys)}")
+        return keys[-1]
+
+    def result(self, diagram, ev, keep, t0) -> SearchResult:
+        states, best = self.states(), self.best
+        note = ""
+        if not best.feasible:
+            fallback = kernel_per_box(diagram, ev)
+            note = slow_note(diagram, self, ev)
+            if fallback is None:
+                if self.limit:
+                    raise NapkinError(f"search stopped before any program fit on chip: "
+                                      f"{self.limit}; raise the limit (max_states / "
+                                      f"max_seconds)")
+                raise NapkinError(_too_small(states, ev))
+            fallback.found_s = time.perf_counter() - t0
+            self.graph.add_node(fallback.key, state=fallback)
+            best = self.best = fallback
+            states = self.states()
+        # Alternatives: the best program of each distinct cost, best first (programs
+        # that only re-nest the same tiling cost the same and add nothing to read); those
+        # that fit nowhere are told apart by the memory their smallest tiles need.
+        ranked, seen = [], {(round(best.time_s, 15), round(best.bytes, 3), None)}
+
+        def smallest(s):
+            return None if s.feasible else tuple(sorted((lv, round(m)) for lv, m
+                                                        in s.min_memory.items()))
+        # (programs a backend writes first, as the best is chosen: _better)
+        for s in sorted((s for s in states if s.key != best.key and not s.pruned),
+                        key=lambda s: (bool(s.unlowerable), s.time_s, smallest(s) or (),
+                                       len(s.chain))):
+            sig = (round(s.time_s, 15) if math.isfinite(s.time_s) else math.inf,
+                   round(s.bytes, 3) if math.isfinite(s.bytes) else math.inf, smallest(s))
+            if sig not in seen:
+                seen.add(sig)
+                ranked.append(s)
+            if len(ranked) == keep:
+                break
+        best._report = ev
+        return SearchResult(diagram, best, ranked, self.states_seen, self.expanded,
+                            time.perf_counter() - t0, self.limit, self.graph, self.bound,
+                            self.refused, self.commuted, ev.hw, self.pruned, note, self.stopped)
+
+
+def _refinements() -> dict:
+    """The rules of the second phase of a search over the whole hierarchy: those that
+    only move a program's arrays between levels, or tile inside a kernel that exists."""
+    return {k: r for k, r in RULES.items() if r.subsumed_by is None
+            and (r.relabels_levels or r.tiles_inside_kernels)}
+
+
+def _best_first(roots, ev: "Evaluator", max_states: int, max_seconds: float, t0: float,
+                refine: bool = False, algorithm=None, commute: bool = True,
+                prune: bool = True, patience: int | None = None) -> _Run:
+    """Best-first from ``roots`` (diagrams, or (program, chain) pairs) of ``algorithm``
+    (default: the first root).  ``refine``: only the refinements (:func:`_refinements`),
+    each at sites inside an existing group unless it only relabels levels."""
+    roots = [r if isinstance(r, tuple) else (r, ()) for r in roots]
+    run = _Run(nx.DiGraph(), None, ev.lower_bound(algorithm or roots[0][0]))
+    tie = itertools.count()
+    frontier = []
+    for prog, chain in roots:
+        h, known = run.find(prog)
+        if known is not None:
+            continue  # two seeds, one program
+        state = State(run.new_key(h), prog, tuple(chain))
+        ev(state)
+        state.found_s = time.perf_counter() - t0
+        if state.error and "no size" in state.error:
+            raise NapkinError(state.error)
+        run.graph.add_node(state.key, state=state)
+        run.best = _better(run.best, state)
+        heapq.heappush(frontier, (*_priority(state), next(tie), state))
+    root_keys = set(run.graph.nodes)
+    rules = _refinements() if refine else None
+    rank: dict = {}  # move ident -> a fixed total order (first seen, first ranked)
+
+    def moves_of(state: State) -> list:
+        if state.moves is None:
+            refused = run.refused if state.key in root_keys and not refine else None
+            state.moves = [mv for mv in moves(state.program, rules=rules, refused=refused,
+                                              levels=ev.levels)
+                           if not refine or mv.site.path or RULES[mv.rule].relabels_levels]
+            for mv in state.moves:
+                rank.setdefault(mv.ident, len(rank))
+        return state.moves
+
+    def commutes_earlier(state: State, mv: Move) -> bool:
+        """Partial-order reduction (a sleep set one level deep): ``state`` is P·m_i, and
+        ``mv`` rewrites boxes that P's move m_j rewrote too, with m_j before m_i in the
+        fixed order.  P·m_j·m_i is then this same program and P·m_j will apply m_i —
+        checked, not assumed: m_i must be among P·m_j's own moves.  Each skip hands the
+        program to a move later in the order, so some state does apply it."""
+        parent, m_i = state.parent, state.via
+        if not commute or parent is None or rank[mv.ident] >= rank[m_i.ident]:
+            return False
+        key_j = parent.children.get(mv.ident)
+        if key_j is None:
+            return False
+        other = run.graph.nodes[key_j]["state"]
+        return any(m.ident == m_i.ident for m in moves_of(other))
+
+    def applied(state: State, mv: Move):
+        """``mv`` applied to ``state`` (the top-level ones kept: looking at a state's top
+        level and expanding it apply them both)."""
+        if mv.site.path:
+            return apply_move(state.program, mv)
+        if mv.ident not in state.applied:
+            state.applied[mv.ident] = apply_move(state.program, mv)
+        return state.applied[mv.ident]
+
+    def top_frozen(state: State, depth: int) -> bool:
+        """Whether no top-level move of ``state`` leads anywhere that can win: each is
+        refused, or leads to a program that cannot (:func:`cannot_win`, looking ``depth``
+        more top levels down).  A top-level move made after moves further in reaches a
+        program derived from the one it makes here, so a program that wins then keeps
+        this state's top level (:attr:`State.frozen`)."""
+        for mv in moves_of(state):
+            if mv.site.path:
+                continue
+            try:
+                prog = applied(state, mv)
+            except Exception:  # noqa: BLE001 - a move that fails is a refusal
+                continue
+            _, known = run.find(prog)
+            other = run.graph.nodes[known]["state"] if known is not None else State("", prog, ())
+            ev.writability(other)
+            if not cannot_win(other, depth):
+                return False
+        return True
+
+    def cannot_win(state: State, depth: int = 2) -> bool:
+        """Once a program a backend writes is best: whether nothing derived from ``state``
+        that a backend writes can beat it (it and its derivations are unwritable, or what
+        they must move through HBM already takes longer)."""
+        if not (run.best.feasible and not run.best.unlowerable):
+            return False
+        if _final(state):
+            return True
+        limit = run.best.time_s * (1 - 1e-12)
+        if ev.written_bound(state.program, state.frozen) >= limit:
+            return True
+        # were its top level frozen, the values between its kernels would stay in HBM: look
+        # at its top-level moves only when that alone would rule it out
+        if not state.frozen and depth > 0 and ev.written_bound(state.program, True) >= limit \
+                and top_frozen(state, depth - 1):
+            state.frozen = True
+            return True
+        return False
+
+    partly = ""  # set when the clock stops an expansion halfway
+    # a dive first: expand the best new child of the state just expanded until a program a
+    # backend writes fits — an early incumbent, so that pruning and patience start at once
+    # (best-first from the root spends hundreds of states on programs that fit nowhere)
+    dive, expanded = None, set()
+    while (frontier or dive is not None) and not partly:
+        if run.graph.number_of_nodes() >= max_states:
+            run.limit = f"state limit {max_states} reached ({len(frontier)} states unexpanded)"
+            break
+        if time.perf_counter() - t0 > max_seconds:
+            run.limit = f"time limit {max_seconds:g} s reached ({len(frontier)} states unexpanded)"
+            break
+        if patience is not None and run.since_best >= patience and run.best.feasible \
+                and not run.best.unlowerable:
+            run.stopped = (f"patience: no better program in the {run.since_best} states "
+                           f"costed since the best ({len(frontier)} states unexpanded)")
+            break
+        if dive is not None:
+            state, dive = dive, None
+        else:
+            *_, state = heapq.heappop(frontier)
+        if state.key in expanded:
+            continue  # (reached first by the dive)
+        if run.best.feasible and run.bound >= run.best.time_s * (1 - 1e-12):
+            break  # nothing can beat the best: it meets the lower bound
+        if _final(state):
+            continue  # no backend writes it nor anything derived from it: no answer there
+        if cannot_win(state) if prune else (
+                run.best.feasible and not run.best.unlowerable
+                and ev.written_bound(state.program) >= run.best.time_s * (1 - 1e-12)):
+            state.applied.clear()
+            continue  # nothing derived from it that a backend writes can beat the best
+        run.expanded += 1
+        expanded.add(state.key)
+        diving = not (run.best.feasible and not run.best.unlowerable)
+        listed = moves_of(state)
+        # the top-level moves first: whether one of them leads to a program a backend
+        # writes decides whether the children below inherit a frozen top level
+        top_open = False
+        for mv in sorted(listed, key=lambda m: bool(m.site.path)):
+            if mv.site.path and not top_open and not state.frozen:
+                state.frozen = True  # (the top-level moves are done: none opened it)
+                if prune and cannot_win(state):
+                    break  # every program below keeps these kernels, and they are too slow
+            if time.perf_counter() - t0 > max_seconds:
+                partly = (f"time limit {max_seconds:g} s reached ({len(frontier)} states "
+                          f"unexpanded, one partly expanded)")
+                run.limit = partly
+                break
+            if commutes_earlier(state, mv):
+                run.commuted += 1
+                top_open = top_open or not mv.site.path  # (its program is not looked at)
+                continue
+            try:
+                child_prog = applied(state, mv)
+            except Exception as e:  # noqa: BLE001 - one failing move is a refusal, not an abort
+                run.refused.setdefault((mv.rule, dict(mv.params).get("axis")), _why(e))
+                continue
+            h, known = run.find(child_prog)
+            if known is not None:
+                state.children[mv.ident] = known
+                run.graph.add_edge(state.key, known, move=mv)
+                top_open = top_open or not (mv.site.path or _final(run.graph.nodes[known]["state"]))
+                continue
+            key = state.children[mv.ident] = run.new_key(h)
+            child = State(key, child_prog, (*state.chain, mv), parent=state, via=mv,
+                          frozen=state.frozen and bool(mv.site.path))
+            ev.writability(child)
+            top_open = top_open or not (mv.site.path or _final(child))
+            child.found_s = time.perf_counter() - t0
+            run.graph.add_node(key, state=child)
+            run.graph.add_edge(state.key, key, move=mv)
+            if prune and cannot_win(child):  # decided before costing it: most children of a search
+                child.pruned = run.best.time_s
+                child.applied.clear()
+                run.pruned += 1
+                continue
+            ev(child)
+            was, run.best = run.best, _better(run.best, child)
+            gain = run.best is not was and not (
+                was.feasible and not was.unlowerable and run.best.feasible
+                and run.best.time_s > was.time_s * (1 - SIGNIFICANT))
+            run.since_best = 0 if gain else run.since_best + 1
+            heapq.heappush(frontier, (*_priority(child), next(tie), child))
+            if diving and (dive is None or _priority(child) < _priority(dive)):
+                dive = child
+        state.applied.clear()
+        if run.best.feasible and not run.best.unlowerable:
+            dive = None
+    run.states_seen = run.graph.number_of_nodes()
+    return run
+
+
+def kernel_per_box(diagram, ev: Evaluator) -> State | None:
+    """The program that always exists, when no program the search reached fits: every
+    top-level box its own kernel, grouped over each of its output's axes and streamed over
+    the axis it reduces (so no whole row is on chip), values between kernels in HBM — each
+    step a rule application, so its chain is a certificate like any other.  None when even
+    that does not fit (a budget below one box's smallest tile)."""
+    def boxes(prog):
+        g = view(prog)
+        return [g.nodes[n]["box"] for n in op_order(g)]
+
+    def step(prog, rule, path, params):
+        """(the program, the move, the root index of the box being partitioned) or Nones."""
+        site = Site((index, *path[1:]) if path else (), (0,) if path else (index,))
+        try:
+            new = RULES[rule].apply(prog, site, params)
+        except NapkinError:
+            return None, None, None
+        at = [i for i, b in enumerate(boxes(new)) if id(b) not in others]
+        return new, Move(rule, site, tuple(sorted(params.items()))), at[0]
+
+    program, chain = diagram, []
+    for box in boxes(diagram):
+        if box.spec.kind in ("group", "stream"):
+            continue
+        here = boxes(program)
+        at = [i for i, b in enumerate(here) if b is box]
+        if not at:  # (a rewrite rebuilt it: it is no longer a top-level box of its own)
+            continue
+        index = at[0]
+        others = {id(b) for i, b in enumerate(here) if i != index}
+        outs = list(dict.fromkeys(a for ob in box.cod.inside for a in ob.type.names))
+        reduced = [a for a in dict.fromkeys(n for ob in box.dom.inside for n in ob.type.names)
+                   if a not in outs]
+        path = []  # the groups made so far, as a site path below the root index
+        for axis in outs:
+            new, mv, where = step(program, "group_partition", path, {"axis": axis})
+            if new is not None:
+                program, index, path = new, where, [*path, 0]
+                chain.append(mv)
+        for axis in sorted(reduced, key=lambda a: -value_at(_axis_size(box, a), ev.sizes)):
+            new, mv, where = step(program, "stream_partition", path, {"axis": axis})
+            if new is not None:
+                program, index = new, where
+                chain.append(mv)
+                break
+    if not chain:
+        return None
+    state = State(f"{canonical_hash(program)}.kernel-per-box", program, tuple(chain))
+    ev(state)
+    return state if state.feasible and not state.error else None
+
+
+def _axis_size(box, axis: str):
+    return next(ob.type.axis(axis).size for ob in box.dom.inside if ob.type.has(axis))
+
+
+def slow_note(diagram, run: _Run, ev: Evaluator) -> str:
+    """Why the search fell back to a kernel per box, in words: what fits nowhere, and the
+    premises that refused the rules which would have fused it (at the algorithm itself)."""
+    reduced = {a for b in primitive_boxes(diagram) for ob in b.dom.inside for a in ob.type.names
+               if not any(o.type.has(a) for o in b.cod.inside)}
+    refused = [f"{rule} over {axis}: {why}" for (rule, axis), why in run.refused.items()
+               if rule == "stream_partition" and axis in reduced][:2]
+    fits = _too_small(run.states(), ev).split(": ", 1)[-1] if any(
+        s.min_memory for s in run.states()) else ""
+    parts = ["no fused program fits on chip, so every box runs as a kernel of its own, the "
+             "values between them in HBM (runnable, not fast)"]
+    if fits:
+        parts.append(f"the best fused one: {fits}")
+    if run.limit:
+        parts.append(f"the search stopped: {run.limit}")
+    if refused:
+        parts.append("what kept it apart: " + "; ".join(refused))
+    parts.append("what would fuse it: a streamability rule for this form, or a recognition "
+                 "of it as a primitive the rules know (`napkin rules`: recognize)")
+    return "; ".join(parts)
+
+
+def _final(state: State) -> bool:
+    """No backend writes the state's program nor anything derived from it."""
+    return getattr(state.unlowerable, "final", False)
+
+
+def _better(best: State | None, s: State) -> State:
+    """The better of two states: one that fits, then one a kernel backend can write (a
+    faster program nothing lowers is no answer to run), then the faster, then the shorter
+    chain."""
+    if best is None:
+        return s
+    if not s.feasible:
+        return best
+    if not best.feasible:
+        return s
+    key = lambda t: (bool(t.unlowerable), t.time_s, len(t.chain))  # noqa: E731
+    return s if key(s) < key(best) else best
+
+
+def _numel(t, values: dict) -> float:
+    n = 1.0
+    for a in t.axes:
+        size = a.size
+        n *= size if isinstance(size, int) else values.get(str(size)) or value_at(size, values)
+    return n
+
+
+def _priority(state: State) -> tuple:
+    """Frontier order: feasible states by time; states that do not fit yet by how
+    much memory their smallest tiling needs (the rewrites that shrink the worst
+    kernel first), then by chain length.  Only the order: the stopping rule uses
+    the admissible bound alone."""
+    return (state.time_s, state.excess if not state.feasible else (0.0, 0.0), len(state.chain))
+
+
+def _too_small(states, ev) -> str:
+    """The error for a budget nothing fits: the smallest budget that would."""
+    need = {}
+    for s in states:
+        for lv, m in s.min_memory.items():
+            need[lv] = min(need.get(lv, math.inf), m)
+    if not need:
+        errs = {s.error for s in states if s.error}
+        return "no program could be costed: " + "; ".join(sorted(errs))
+    from napkin.cost.launch import modelled, smem_limit
+    from napkin.schedule.resources import block_level
+    hw = ev.hw
+    block = hw.levels[block_level([lv.name for lv in hw.levels])].name
+
+    def budget(lv):  # what the search held the level to: a block's limit under the launch model
+        if ev.objective == "time" and modelled(hw) and lv == block:
+            return smem_limit(hw)
+        return hw.level(lv).capacity_bytes
+    over = {lv: n for lv, n in need.items() if n > (budget(lv) or math.inf)}
+    lv = min(over or need, key=lambda k: need[k])
+    cap = budget(lv)
+    return (f"no streamed program fits: the smallest needs {need[lv]:.0f} bytes of {lv} "
+            f"but the budget is {cap} bytes (a budget of at least {math.ceil(need[lv])} bytes "
+            f"would fit)")
+
+
+def enumerate_chains(diagram, depth: int):
+    """Every program reachable in at most ``depth`` rule applications (for
+    cross-checking the search on small instances)."""
+    seen = {fingerprint(diagram): (diagram, ())}
+    layer = [(diagram, ())]
+    for _ in range(depth):
+        nxt = []
+        for prog, chain in layer:
+            for mv in moves(prog):
+                child = apply_move(prog, mv)
+                key = fingerprint(child)
+                if key not in seen:
+                    seen[key] = (child, (*chain, mv))
+                    nxt.append(seen[key])
+        layer = nxt
+    return list(seen.values())
