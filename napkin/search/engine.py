@@ -786,8 +786,9 @@ def kernel_per_box(diagram, ev: Evaluator) -> State | None:
         g = view(prog)
         return [g.nodes[n]["box"] for n in op_order(g)]
 
-    def step(prog, rule, path, params):
-        """(the program, the move, the root index of the box being partitioned) or Nones."""
+    def step(prog, index, others, rule, path, params):
+        """(the program, the move, the root index of the box being partitioned — the one
+        top-level box not among ``others``) or Nones when the rule refuses."""
         site = Site((index, *path[1:]) if path else (), (0,) if path else (index,))
         try:
             new = RULES[rule].apply(prog, site, params)
@@ -811,12 +812,14 @@ def kernel_per_box(diagram, ev: Evaluator) -> State | None:
                    if a not in outs]
         path = []  # the groups made so far, as a site path below the root index
         for axis in outs:
-            new, mv, where = step(program, "group_partition", path, {"axis": axis})
+            new, mv, where = step(program, index, others, "group_partition", path,
+                                  {"axis": axis})
             if new is not None:
                 program, index, path = new, where, [*path, 0]
                 chain.append(mv)
         for axis in sorted(reduced, key=lambda a: -value_at(_axis_size(box, a), ev.sizes)):
-            new, mv, where = step(program, "stream_partition", path, {"axis": axis})
+            new, mv, where = step(program, index, others, "stream_partition", path,
+                                  {"axis": axis})
             if new is not None:
                 program, index = new, where
                 chain.append(mv)
