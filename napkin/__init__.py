@@ -15,13 +15,14 @@ from napkin.core.diagram import Diagram, Id
 from napkin.core.errors import CompositionError, NapkinError, RuleError, ShapeError
 from napkin.core.semantics import evaluate
 from napkin.frontend import ops  # noqa: F401  (napkin.ops: the primitive operations)
+from napkin.frontend.grad import grad
 from napkin.frontend.jaxpr import from_jax
 from napkin.frontend.trace import Array, algorithm, trace
 from napkin.frontend.weave import weave
 
 __all__ = [
     "Array", "ArrayType", "Axis", "CompositionError", "Diagram", "Id", "NapkinError",
-    "Optimized", "RuleError", "ShapeError", "algorithm", "axes", "evaluate", "from_jax",
+    "Optimized", "RuleError", "ShapeError", "algorithm", "axes", "evaluate", "from_jax", "grad",
     "optimize", "trace", "wire", "weave",
 ]
 

@@ -9,6 +9,8 @@ with the SYMPY backend on the rule's own diagrams; numeric, through
 
 * :func:`prove_all` — one result per rule; a rule whose proof module is
   missing, or lacks ``prove``, or whose proof raises, is a failed result.
+* :func:`prove_derivatives` — every primitive's reverse derivative (``Spec.vjp``,
+  proofs/vjp.py), one result per primitive and configuration.
 * :func:`prove_wrong` — wrong accumulators (softmax without the rescale, max
   with a sum accumulator) and wrong recognitions (a softmax whose max and sum
   reduce different axes, a logsumexp without the + m, …) run through the same
@@ -25,7 +27,7 @@ import time
 from proofs._core import Obligation, ProofResult, format_results
 
 __all__ = ["Obligation", "ProofResult", "all_rules", "format_results", "prove_all",
-           "prove_rule", "prove_wrong"]
+           "prove_derivatives", "prove_rule", "prove_wrong"]
 
 
 def all_rules() -> list:
@@ -91,9 +93,17 @@ def prove_all(rules=None) -> list[ProofResult]:
     return [prove_rule(r, cache) for r in (all_rules() if rules is None else rules)]
 
 
+def prove_derivatives() -> list[ProofResult]:
+    """One ProofResult per primitive configuration: its vjp against sympy's derivative and
+    jax.vjp (proofs/vjp.py)."""
+    from proofs.vjp import prove_each
+    return prove_each()
+
+
 def prove_wrong() -> list[ProofResult]:
-    """The negative checks: every result must be not ok (the wrong accumulators, then the
-    wrong recognition entries of proofs.recognize)."""
+    """The negative checks: every result must be not ok (the wrong accumulators, the
+    wrong recognition entries of proofs.recognize, the wrong derivatives of proofs.vjp)."""
     from proofs.recognize import prove_wrong as recognitions
+    from proofs.vjp import prove_wrong as derivatives
     from proofs.wrong_variants import prove_wrong as run
-    return run() + recognitions()
+    return run() + recognitions() + derivatives()

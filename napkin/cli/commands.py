@@ -222,11 +222,18 @@ def _check(args) -> int:
         print(line, flush=True)
     if proofs:
         from napkin.certify.certificate import stored_certificates
-        from proofs import prove_all, prove_wrong
+        from proofs import prove_all, prove_derivatives, prove_wrong
         results = prove_all()
         for r in results:
             print(("proved   " if r.ok else "FAILED   ") + f"{r.rule}: " +
                   (f"{len(r.obligations)} obligations" if r.ok else r.detail))
+        derivatives = prove_derivatives()
+        bad = [r for r in derivatives if not r.ok]
+        for r in bad:
+            print(f"FAILED   {r.rule}: {r.detail}")
+        print(f"proved   {len(derivatives) - len(bad)} of {len(derivatives)} primitive "
+              f"derivatives (vjp)")
+        failures += len(bad)
         wrong = prove_wrong()
         for r in wrong:
             print(("refuted  " if not r.ok else "ACCEPTED ") + f"wrong variant {r.rule}")

@@ -58,6 +58,8 @@ class JaxBackend:
     greater_equal = staticmethod(_promoting(jnp.greater_equal))
     equal, not_equal = staticmethod(_promoting(jnp.equal)), staticmethod(_promoting(jnp.not_equal))
 
+    erf = staticmethod(jax.lax.erf)
+
     @staticmethod
     def gelu(x):
         """x·Φ(x) = x·(1 + erf(x/√2))/2 (the exact form)."""
@@ -163,6 +165,7 @@ class SympyBackend:
     maximum = staticmethod(_vec(lambda a, b: sympy.Max(a, b)))
     minimum = staticmethod(_vec(lambda a, b: sympy.Min(a, b)))
     power = staticmethod(_vec(lambda a, b: a ** b))
+    erf = staticmethod(_vec(sympy.erf))
     gelu = staticmethod(_vec(lambda a: a * (1 + sympy.erf(a / sympy.sqrt(2))) / 2))
     gelu_tanh = staticmethod(_vec(lambda a: a * (1 + sympy.tanh(
         sympy.sqrt(2 / sympy.pi) * (a + sympy.Rational(44715, 10 ** 6) * a ** 3))) / 2))

@@ -15,7 +15,9 @@ here once rather than kept as tables keyed on ``kind`` in each of them:
 ``transcendental`` (runs on the special-function unit), ``unit(ins, outs)`` (which unit
 its FLOPs run on), ``neutral(axis)`` (the value that leaves a reduction over ``axis``
 unchanged: what a masked tail is padded with), ``absorbs(tag, port, ins, axis)`` (how a
-mask's fill travels through it, for tile skipping), ``infix`` and ``colour`` (printing).
+mask's fill travels through it, for tile skipping), ``infix`` and ``colour`` (printing),
+and ``vjp`` (the reverse derivative as boxes: the input cotangents built from the output's,
+napkin.frontend.grad; proved in proofs/vjp.py).
 
 Axis roles are not declared per primitive: they follow from the types.  An axis
 in the output is *woven*; an input axis missing from every output is *reduced*;
@@ -188,6 +190,15 @@ class Spec:
         but for specs that list axes or hold types or diagrams."""
         return self
 
+    def vjp(self, ad, ins, outs, xs, y, ct) -> tuple:
+        """The vector-Jacobian product, as boxes: one cotangent per input (None: zero, or
+        none at all — an integer or boolean input), built with ``ad.ops`` (napkin.ops) from
+        the traced inputs ``xs``, the traced output ``y`` and its cotangent ``ct``;
+        ``ad.to(v, type)`` sums ``v`` over the axes ``type`` lacks (a broadcast input's
+        cotangent), broadcasts it over those it has and orders and casts it as ``type``."""
+        raise NapkinError(f"{self.label()} declares no derivative (a vector-Jacobian "
+                          f"product)")
+
     def check_arity(self, ins):
         if self.n_in is not None and len(ins) != self.n_in:
             raise NapkinError(f"{self.label()} takes {self.n_in} input(s), got {len(ins)}")
@@ -221,6 +232,20 @@ class Contract(Spec):
         spec = ",".join("".join(letters[n] for n in t.names) for t in ins)
         spec += "->" + "".join(letters[n] for n in self.out)
         return (ctx.xp.einsum(spec, *xs),)
+
+    def vjp(self, ad, ins, outs, xs, y, ct):
+        # ∂/∂x_i Σ ct·Π x_j = the product of ct and the other operands, onto x_i's axes
+        # (an axis only x_i has gets ct broadcast along it: a product with ones)
+        grads = []
+        for i, t in enumerate(ins):
+            others = [x for j, x in enumerate(xs) if j != i] + [ct]
+            have = {n for v in others for n in v.type.names}
+            lone = tuple(a for a in t.axes if a.name not in have)
+            if lone:
+                others.append(ad.ones(ArrayType(lone, ct.type.dtype)))
+            grads.append(ad.to(ad.ops.contract(*others, out=t.names), t) if ad.floating(t)
+                         else None)
+        return tuple(grads)
 
     def woven(self, axis):
         return self if axis in self.out else Contract((axis, *self.out))
@@ -288,7 +313,7 @@ UNARY = {
     "square": "square", "sqrt": "sqrt", "rsqrt": "rsqrt", "recip": "reciprocal",
     "relu": "relu", "silu": "silu", "abs": "abs", "id": None,
     # x·Φ(x): the exact (erf) form, and the tanh form (jax.nn.gelu's two)
-    "gelu": "gelu", "gelu_tanh": "gelu_tanh",
+    "gelu": "gelu", "gelu_tanh": "gelu_tanh", "erf": "erf",
     # x where finite, else 0: the shift of a running max that has seen only −∞ (or
     # +∞), so that exp(x − shift) is exp(−∞) = 0 rather than exp(−∞ + ∞) = NaN
     "finite_or_zero": "finite_or_zero",
@@ -304,7 +329,7 @@ PARAM_UNARY = {
 }
 # Transcendental maps run on the special-function unit (cost and lowering care).
 TRANSCENDENTAL = {"exp", "log", "tanh", "sigmoid", "sqrt", "rsqrt", "silu", "softcap", "gelu",
-                  "gelu_tanh"}
+                  "gelu_tanh", "erf"}
 
 
 @dataclass(frozen=True)
@@ -352,11 +377,74 @@ class Map(Spec):
         c = self.param if xp.symbolic else ctx.number(self.param)
         return (PARAM_UNARY[self.fn](xp, x, xp.const(c, x)),)
 
+    def vjp(self, ad, ins, outs, xs, y, ct):
+        o, (x,), c, f = ad.ops, xs, self.param, self.fn
+        if f in ("id", "add_const"):
+            g = ct
+        elif f == "neg":
+            g = o.neg(ct)
+        elif f == "scale":
+            g = o.scale(ct, c)
+        elif f == "relu":  # 0 at 0, as JAX's
+            g = o.where(o.greater(x, 0.0), ct, 0.0)
+        elif f in ("max_const", "min_const"):  # a tie splits the cotangent, as JAX's does
+            beyond, edge = (o.greater if f == "max_const" else o.less), float(c)
+            g = o.where(beyond(x, edge), ct,
+                        o.where(o.equal(x, edge), o.scale(ct, sympy.Rational(1, 2)), 0.0))
+        elif f == "abs":  # sign(x)·ct, 0 at 0 (JAX's)
+            g = o.where(o.greater(x, 0.0), ct, 0.0) - o.where(o.less(x, 0.0), ct, 0.0)
+        elif f == "finite_or_zero":  # the identity where x is finite, a constant elsewhere
+            g = o.where(o.equal(o.finite_or_zero(x), x), ct, 0.0)
+        else:
+            g = ct * _slope(o, f, c, x, y)
+        return (ad.to(g, ins[0]) if ad.floating(ins[0]) else None,)
+
     def label(self):
         if self.param is None:
             return self.fn
         p = self.param
         return f"{self.fn}({float(p):g})" if p.is_Number else f"{self.fn}({p})"
+
+
+def _slope(o, f: str, c, x, y):
+    """f′(x) as boxes over x and y = f(x), for the smooth maps."""
+    if f == "exp":
+        return y
+    if f == "log":
+        return o.recip(x)
+    if f == "tanh":
+        return 1.0 - y * y
+    if f == "sigmoid":
+        return y * (1.0 - y)
+    if f == "square":
+        return o.scale(x, 2)
+    if f == "sqrt":
+        return o.scale(o.recip(y), sympy.Rational(1, 2))
+    if f == "rsqrt":  # (x^−½)′ = −½·x^−3/2 = −½·y³
+        return o.scale(y * y * y, sympy.Rational(-1, 2))
+    if f == "recip":
+        return o.neg(y * y)
+    if f == "silu":  # (x·σ)′ = σ·(1 + x·(1 − σ))
+        s = o.sigmoid(x)
+        return s * (1.0 + x * (1.0 - s))
+    if f == "erf":  # 2/√π · exp(−x²)
+        return o.scale(o.exp(o.neg(o.square(x))), 2 / sympy.sqrt(sympy.pi))
+    if f == "gelu":  # Φ(x) + x·φ(x)
+        cdf = o.scale(1.0 + o.erf(o.scale(x, 1 / sympy.sqrt(2))), sympy.Rational(1, 2))
+        pdf = o.scale(o.exp(o.scale(o.square(x), sympy.Rational(-1, 2))),
+                      1 / sympy.sqrt(2 * sympy.pi))
+        return cdf + x * pdf
+    if f == "gelu_tanh":  # ½(1 + t) + ½x(1 − t²)·k(1 + 3a·x²), t = tanh(k(x + a·x³))
+        k, a = sympy.sqrt(2 / sympy.pi), sympy.Rational(44715, 10 ** 6)
+        t = o.tanh(o.scale(x + o.scale(o.square(x) * x, a), k))
+        inner = o.scale(1.0 + o.scale(o.square(x), 3 * a), k)
+        return o.scale(1.0 + t, sympy.Rational(1, 2)) + \
+            o.scale(x * (1.0 - t * t) * inner, sympy.Rational(1, 2))
+    if f == "softcap":  # (c·tanh(x/c))′ = 1 − (y/c)²
+        return 1.0 - o.scale(o.square(y), 1 / c ** 2)
+    if f == "pow":
+        return o.scale(o.power(x, c - 1), c)
+    raise NapkinError(f"{f} declares no derivative")
 
 
 BINARY = {"add": "add", "sub": "subtract", "mul": "multiply", "div": "divide",
@@ -398,6 +486,27 @@ class Zip(Spec):
         self.check_arity(ins)
         seen = merge_axes(ins, self.fn)
         return (ArrayType(tuple(seen.values()), promote(t.dtype for t in ins)),)
+
+    def vjp(self, ad, ins, outs, xs, y, ct):
+        o, (a, b), f = ad.ops, xs, self.fn
+        if f == "add":
+            ga, gb = ct, ct
+        elif f == "sub":
+            ga, gb = ct, o.neg(ct)
+        elif f == "mul":
+            ga, gb = ct * b, ct * a
+        elif f == "div":
+            ga, gb = ct / b, o.neg(ct * y / b)
+        elif f in ("max", "min"):  # the larger (smaller) side takes it; a tie splits it
+            wins = o.greater if f == "max" else o.less
+            half = o.where(o.equal(a, b), o.scale(ct, sympy.Rational(1, 2)), 0.0)
+            ga, gb = o.where(wins(a, b), ct, half), o.where(wins(b, a), ct, half)
+        elif f == "guard":  # x where the row kept an entry, else a constant 0
+            ga, gb = o.guard(ct, b), None
+        else:
+            raise NapkinError(f"{f} declares no derivative")
+        return tuple(ad.to(g, t) if g is not None and ad.floating(t) else None
+                     for g, t in zip((ga, gb), ins))
 
     def evaluate(self, ctx, ins, outs, a, b):
         xp, names = ctx.xp, outs[0].names
@@ -458,6 +567,21 @@ class Reduce(Spec):
     def flops(self, ins, outs):
         return ins[0].numel * (4 if self.fn == "logsumexp" else 1)
 
+    def vjp(self, ad, ins, outs, xs, y, ct):
+        o, (x,), t = ad.ops, xs, ins[0]
+        if not ad.floating(t):
+            return (None,)
+        if self.fn == "sum":
+            g = ct
+        elif self.fn == "mean":
+            g = o.scale(ct, 1 / t.axis(self.axis).size)
+        elif self.fn == "max":  # the maxima share the cotangent equally, as in JAX
+            at = o.equal(x, y)
+            g = o.where(at, ct, 0.0) / o.sum_(o.where(at, 1.0, 0.0), self.axis)
+        else:  # logsumexp: softmax · ct (a row of −∞ has none: 0, not NaN)
+            g = ct * o.exp(x - o.finite_or_zero(y))
+        return (ad.to(g, t),)
+
     def label(self):
         return f"{self.fn}_{self.axis}"
 
@@ -485,6 +609,12 @@ class Softmax(Spec):
 
     def flops(self, ins, outs):
         return 5 * ins[0].numel  # max, subtract, exp, sum, divide
+
+    def vjp(self, ad, ins, outs, xs, y, ct):
+        # P ⊙ (ct − Σ ct ⊙ P): a row that kept nothing (P = 0) gets 0
+        o = ad.ops
+        g = y * (ct - o.sum_(ct * y, self.axis))
+        return (ad.to(g, ins[0]) if ad.floating(ins[0]) else None,)
 
     def label(self):
         return f"softmax_{self.axis}"
@@ -540,6 +670,15 @@ class SinkSoftmax(Softmax):
 
     def flops(self, ins, outs):
         return 5 * ins[0].numel + 3 * outs[0].without(self.axis).numel
+
+    def vjp(self, ad, ins, outs, xs, y, ct):
+        # the sink is one more logit with no value: its probability 1 − Σ P, its cotangent
+        # −(1 − Σ P)·Σ ct ⊙ P; the scores' as softmax's
+        o = ad.ops
+        r = o.sum_(ct * y, self.axis)
+        gx = y * (ct - r)
+        gs = o.neg((1.0 - o.sum_(y, self.axis)) * r)
+        return tuple(ad.to(g, t) if ad.floating(t) else None for g, t in zip((gx, gs), ins))
 
     def label(self):
         return f"softmax_{self.axis}+sink"
@@ -609,6 +748,12 @@ class Mask(Spec):
                 keep = keep & (ki > qi - self.width)
         return (xp.where(keep, x, fill),)
 
+    def vjp(self, ad, ins, outs, xs, y, ct):
+        # the same mask on the cotangent, filling 0: a masked entry is a constant
+        keep = Mask(self.kind_, self.q, self.k, self.width, self.offset, fill=0.0)
+        g = ad.ops.apply(keep, ct, *xs[1:])[0]
+        return (ad.to(g, ins[0]) if ad.floating(ins[0]) else None, *([None] * len(xs[1:])))
+
     def label(self):
         if self.kind_ == "causal":
             return "causal"
@@ -641,6 +786,9 @@ class Cast(Spec):
 
     def flops(self, ins, outs):
         return sympy.Integer(0)
+
+    def vjp(self, ad, ins, outs, xs, y, ct):
+        return (ad.to(ct, ins[0]) if ad.floating(ins[0]) else None,)  # cast back
 
     def label(self):
         return f"cast({self.dtype})"
@@ -683,6 +831,9 @@ class Fill(Spec):
 
     def flops(self, ins, outs):
         return sympy.Integer(0)
+
+    def vjp(self, ad, ins, outs, xs, y, ct):
+        return ()
 
     def relabelled(self, axis, size):
         return Fill(self.value, self.type.resize(axis, size)) if self.type.has(axis) else self
@@ -752,6 +903,9 @@ class Compare(Spec):
             return (f(align(xp, a, ins[0].names, names), c),)
         return (f(align(xp, a, ins[0].names, names), align(xp, rest[0], ins[1].names, names)),)
 
+    def vjp(self, ad, ins, outs, xs, y, ct):
+        return (None,) * len(xs)  # a boolean result: piecewise constant
+
     def label(self):
         name = COMPARE[self.fn][0]
         return name if self.const is None else f"{name}({self.const:g})"
@@ -803,6 +957,15 @@ class Where(Spec):
                 branches.append(sympy.sympify(const) if xp.symbolic else const)
         return (xp.where(align(xp, cond, ins[0].names, names), *branches),)
 
+    def vjp(self, ad, ins, outs, xs, y, ct):
+        grads, arrays = [None], iter(ins[1:])  # the condition: piecewise constant
+        for const, side in ((self.a, Where(None, 0.0)), (self.b, Where(0.0, None))):
+            if const is None:  # an array branch gets ct where it was picked, else 0
+                t = next(arrays)
+                g = ad.ops.apply(side, xs[0], ct)[0]
+                grads.append(ad.to(g, t) if ad.floating(t) else None)
+        return tuple(grads)
+
     def label(self):
         show = lambda v: "·" if v is None else f"{v:g}"  # noqa: E731
         return "where" if self.a is None and self.b is None else \
@@ -845,6 +1008,9 @@ class Positions(Spec):
 
     def flops(self, ins, outs):
         return sympy.Integer(0)
+
+    def vjp(self, ad, ins, outs, xs, y, ct):
+        return ()
 
     def relabelled(self, axis, size):
         return Positions(self.axis, size, self.dtype) if axis == self.axis else self
@@ -909,6 +1075,12 @@ class TakeAlong(Spec):
 
     def flops(self, ins, outs):
         return ins[0].numel  # a compare-select and an add per entry
+
+    def vjp(self, ad, ins, outs, xs, y, ct):
+        # a scatter as a select: ct lands where the position equals the index
+        o, (x, index), t = ad.ops, xs, ins[0]
+        hit = o.equal(o.positions(t.axis(self.axis), dtype=index.type.dtype), index)
+        return (ad.to(o.where(hit, ct, 0.0), t) if ad.floating(t) else None, None)
 
     def label(self):
         return f"take_{self.axis}"

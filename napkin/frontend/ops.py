@@ -44,7 +44,7 @@ def _unary(fn):
 exp, log, tanh, neg = _unary("exp"), _unary("log"), _unary("tanh"), _unary("neg")
 sigmoid, square, sqrt, rsqrt = _unary("sigmoid"), _unary("square"), _unary("sqrt"), _unary("rsqrt")
 recip, relu, silu, abs_ = _unary("recip"), _unary("relu"), _unary("silu"), _unary("abs")
-finite_or_zero = _unary("finite_or_zero")
+finite_or_zero, erf = _unary("finite_or_zero"), _unary("erf")
 
 
 def gelu(x: Value, approximate: bool = False, name=None, as_=None) -> Value:
