@@ -80,11 +80,39 @@ class Optimized:
         from napkin.certify.checker import check_certificate
         return check_certificate(self.certificate, numeric=numeric)
 
+    @functools.cached_property
+    def backward(self) -> Backward:
+        """The backward pass (:class:`Backward`): for every floating input, :func:`napkin.grad`
+        of the algorithm with respect to it, searched like the forward on the same
+        hardware, sizes and dtype."""
+        from napkin.certify.certificate import size_symbols
+        from napkin.core.arrays import array_types
+        from napkin.core.primitives import FLOATING
+        from napkin.frontend.grad import grad
+        pieces = []
+        for ob, t in zip(self.algorithm.dom.inside, array_types(self.algorithm.dom)):
+            if t.dtype not in FLOATING:
+                continue
+            diagram = grad(self.algorithm, wrt=ob.name)
+            names = size_symbols(diagram)
+            source = None if self.source is None else {"grad": self.source, "wrt": ob.name}
+            pieces.append((ob.name, optimize(
+                diagram, self.hardware, {k: v for k, v in self.sizes.items() if k in names},
+                self.dtype, source=source, base=self.base)))
+        return Backward(tuple(pieces))
+
     def kernel(self, backend: str = "auto", *, interpret="auto", dtype: str | None = None):
-        """The program as a JAX function with these tiles and launch parameters.
-        ``backend``: "auto" (Mosaic GPU on a Hopper GPU when it takes the kernel, else
-        Triton), "triton" or "mosaic".  ``dtype``: the kernel's input and output dtype
-        (default: the searched one)."""
+        """The program as a JAX function with these tiles and launch parameters, and a
+        derivative: ``jax.grad`` through it runs :attr:`backward`'s kernels (searched when
+        first differentiated).  ``backend``: "auto" (Mosaic GPU on a Hopper GPU when it
+        takes the kernel, else Triton), "triton" or "mosaic".  ``dtype``: the kernel's input
+        and output dtype (default: the searched one)."""
+        from napkin.lower.vjp import differentiable
+        return differentiable(self._forward_kernel(backend, interpret, dtype), self.algorithm,
+                              lambda: self.backward.kernel(backend, interpret=interpret,
+                                                           dtype=dtype))
+
+    def _forward_kernel(self, backend, interpret, dtype):
         from napkin.lower import lower
         from napkin.lower.backends import get_backend
         self._check_divisibility(backend)
@@ -128,8 +156,11 @@ class Optimized:
             least = dict(info[tile].multiples).get("dot_min", 1) if tile in info else 1
             axis = sizes.get(info[tile].axis, value) if tile in info else value
             return min(int(value), max(_pow2_at_most(axis // 4), least))
-        return dataclasses.replace(self, sizes=sizes,
-                                   tiles={t: shrunk(t, v) for t, v in self.tiles.items()})
+        fitted = dataclasses.replace(self, sizes=sizes,
+                                     tiles={t: shrunk(t, v) for t, v in self.tiles.items()})
+        if "backward" in self.__dict__:  # searched already: the same structure, fitted too
+            fitted.__dict__["backward"] = self.backward.fit(sizes)
+        return fitted
 
     def with_tiles(self, tiles: dict) -> Optimized:
         """This program at other tile sizes (the launch parameters kept): a configuration
@@ -142,13 +173,48 @@ class Optimized:
         for name, v in tiles.items():
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise NapkinError(f"tile {name}={v!r} must be a positive integer")
-        return dataclasses.replace(self, tiles={**self.tiles, **tiles})
+        other = dataclasses.replace(self, tiles={**self.tiles, **tiles})
+        if "backward" in self.__dict__:  # the forward's tiles only: the same backward
+            other.__dict__["backward"] = self.backward
+        return other
 
     @property
     def schedule(self):
         """The program as one loop nest on ``hardware`` (napkin.schedule): the very one
         ``cost`` folds."""
         return self.cost.schedule
+
+
+@dataclass(frozen=True, eq=False)
+class Backward:
+    """An algorithm's backward pass: one program per floating input, the cotangent of that
+    input (``napkin.grad(algorithm, wrt=input)``: the algorithm's inputs, then one
+    cotangent per floating output, in), each searched on its own and recomputing from the
+    inputs what it needs of the forward — one search per output keeps each search small;
+    a program that shares work between cotangents (dK and dV over one stream of queries)
+    is the joint search's to find.  ``pieces``: (input name, its :class:`Optimized`)."""
+    pieces: tuple
+
+    @property
+    def time_s(self) -> float:
+        """The modelled time of the whole backward: its programs run one after another."""
+        return sum(o.search.best.time_s for _, o in self.pieces)
+
+    def kernel(self, backend: str = "auto", *, interpret="auto", dtype: str | None = None):
+        """(inputs..., cotangents...) -> the floating inputs' cotangents, in input order."""
+        kernels = [o._forward_kernel(backend, interpret, dtype) for _, o in self.pieces]
+
+        def run(*arrays):
+            return tuple(k(*arrays) for k in kernels)
+        return run
+
+    def fit(self, sizes: dict) -> Backward:
+        return Backward(tuple((n, o.fit({k: v for k, v in sizes.items() if k in o.sizes}))
+                              for n, o in self.pieces))
+
+    def check(self, numeric: bool = True) -> list:
+        """Every program's certificate, replayed by the independent checker."""
+        return [o.check(numeric) for _, o in self.pieces]
 
 
 def optimize(algorithm, hardware="h100", sizes: dict | None = None, dtype: str | None = "bf16",
@@ -207,7 +273,8 @@ def _resolve(algorithm, source, base) -> tuple[str, object, str | dict | None]:
 
 
 def _label(source) -> str:
-    return source["from"] if isinstance(source, dict) else str(source)
+    from napkin.certify.certificate import spec_label
+    return spec_label(source)
 
 
 def sizes_for(diagram, given: dict, option: str = "sizes") -> dict:

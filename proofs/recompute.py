@@ -15,6 +15,12 @@ of the original on the very input wires; both programs give identical sympy expr
 on symbolic entries; bit-identical float64 results (JAX); and the premises are enforced
 (a box read once, a reduction, a site of two boxes are refused).  A wrong variant — the
 copy of a subtraction on its inputs swapped — fails the symbolic comparison.
+
+``recompute_product`` is the same rewrite at a contraction (the argument never used that
+the box is elementwise): checked on a backward's scores S = Q·Kᵀ read by a row
+statistic and by exp(S − L) — a copy per reader on the very input wires, identical
+symbolic entries, bit-identical float64 — and its premises (an elementwise box is
+``recompute``'s; a product read once) are refused.
 """
 from __future__ import annotations
 
@@ -142,4 +148,43 @@ def prove():
             refuses(lambda: rule.check(D, Site((), (i, i + 1)), {}), "one box")])
     proof.check("premises enforced: a value read once, a reduction, a site of two boxes",
                 premises, "premise")
+    _products(proof)
     return proof.result()
+
+
+def _products(proof):
+    """recompute_product's obligations, on the scores a backward pass reads twice."""
+    import napkin as nk
+    from napkin.core.ir import ops as op_order, view
+    from napkin.core.region import Site
+    from napkin.frontend import ops
+    from rewrites import RULES
+    q, x, d = nk.axes("q x d")
+
+    def scores(Q, K):
+        S = ops.contract(Q, K, out=(q, x))
+        L = ops.logsumexp(S, x)
+        return ops.exp(ops.sub(S, L))
+    D = nk.trace(scores, {"Q": (q, d), "K": (x, d)}, "S read twice")
+    rule = RULES["recompute_product"]
+    R = rule.apply(D, Site((), (0,)), {})
+
+    def structure():
+        g0, g = view(D), view(R)
+        box = g0.nodes[op_order(g0)[0]]["box"]
+        copies = [m for m in op_order(g) if g.nodes[m]["box"] is box]
+        if len(copies) != 2 or len({tuple(g.nodes[m]["ins"]) for m in copies}) != 1:
+            raise Failed(f"{len(copies)} copies of {box.name}, not one per reader on the same "
+                         f"wires")
+        _symbolic_equal(D, R, {"q": 2, "x": 3, "d": 2})
+        xs = sample(D, {"q": 5, "x": 7, "d": 3}, np.random.default_rng(22))
+        return f"Q·Kᵀ: 2 copies on the same wires; symbolic entries equal; {numeric(D, R, xs, tol=0)}"
+    proof.check("recompute_product: a product read twice, one copy per reader, same meaning",
+                structure, "numeric")
+
+    def premises():
+        return "; ".join([
+            refuses(lambda: rule.check(D, Site((), (2,)), {}), "not a contraction"),
+            refuses(lambda: rule.check(R, Site((), (0,)), {}), "read once")])
+    proof.check("recompute_product's premises: an elementwise box, a product read once",
+                premises, "premise")

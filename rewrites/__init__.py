@@ -10,13 +10,14 @@ from rewrites.group_partition import GroupPartition
 from rewrites.head_grouping import HeadGrouping
 from rewrites.normalized_contraction import NormalizedContraction
 from rewrites.recognize import Recognize
-from rewrites.recompute import Recompute
+from rewrites.recompute import Recompute, RecomputeProduct
 from rewrites.relabel_level import RelabelLevel
+from rewrites.softmax_lse import SoftmaxLse
 from rewrites.stream_partition import StreamPartition
 
 RULES: dict[str, Rule] = {r.name: r for r in (
     GroupPartition(), StreamPartition(), NormalizedContraction(), HeadGrouping(), RelabelLevel(),
-    Recognize(), Recompute())}
+    Recognize(), Recompute(), RecomputeProduct(), SoftmaxLse())}
 
 
 def get_rule(name: str) -> Rule:

@@ -10,8 +10,14 @@ deterministic box commutes with the copy of a Markov category).
 Why: LayerNorm's x − μ is read by the variance and by the normalisation; the variance
 streams over d only with a copy of its own (its region would otherwise hand x − μ, which
 keeps d, out of the stream).  FlashAttention recomputes P in its backward the same way:
-recomputing an elementwise value is cheaper than storing it.  The cost model prices the
-extra work; the search chooses.  Proof: proofs/recompute.py.
+recomputing an elementwise value is cheaper than storing it.  Applied eagerly.
+
+``recompute_product`` is the same rewrite at a contraction (a matrix product): the scores
+S = Q·Kᵀ that a backward pass reads for its row statistics and again for P = exp(S − L)
+are recomputed per reader — one kernel streams each copy over a different axis, where one
+S would go through HBM, q·x values.  Recomputing a product costs FLOPs, not only bytes:
+the search chooses, on the cost model (not eager).  Proof: proofs/recompute.py (the
+argument holds for any deterministic box).
 """
 from __future__ import annotations
 
@@ -33,29 +39,52 @@ def readers(graph, n) -> list:
     return out
 
 
+def _reaches_reduction(g, n) -> bool:
+    """Whether a reader of op ``n``'s value — directly, or through elementwise boxes (P read
+    by two guards, each feeding a contraction) — reduces one of its axes."""
+    axes = set(g.nodes[g.nodes[n]["outs"][0]]["ob"].type.names)
+    seen, work = set(), [n]
+    while work:
+        for m, _ in readers(g, work.pop()):
+            if m == "output" or m in seen:
+                continue
+            seen.add(m)
+            if axes - {a for ob in g.nodes[m]["box"].cod.inside for a in ob.type.names}:
+                return True
+            if getattr(g.nodes[m]["box"].spec, "elementwise", False) and \
+                    len(g.nodes[m]["outs"]) == 1:
+                work.append(m)
+    return False
+
+
 class Recompute(Rule):
     name = "recompute"
     eager = True
     summary = "an elementwise value several boxes read: computed once per reader"
     proof = "proofs.recompute"
+    what = "an elementwise box"  # the boxes it recomputes, in words
+
+    def recomputes(self, spec) -> bool:
+        return bool(getattr(spec, "elementwise", False)) and spec.kind not in ("group", "stream")
 
     def _find(self, program, site, params, graph_of=view):
         if params:
-            raise RuleError(f"recompute takes no parameters; got {', '.join(sorted(params))}")
+            raise RuleError(f"{self.name} takes no parameters; got {', '.join(sorted(params))}")
         g = graph_of(body_at(program, site.path))
         order = op_order(g)
         if len(site.ops) != 1 or not 0 <= site.ops[0] < len(order):
-            raise RuleError("recompute applies at one box (a site of one op)")
+            raise RuleError(f"{self.name} applies at one box (a site of one op)")
         n = order[site.ops[0]]
         box = g.nodes[n]["box"]
-        if not getattr(box.spec, "elementwise", False) or box.spec.kind in ("group", "stream"):
-            raise RuleError(f"recompute: {box.name} is not an elementwise box (only entry-by-"
-                            f"entry work is recomputed)")
+        if not self.recomputes(box.spec):
+            raise RuleError(f"{self.name}: {box.name} is not {self.what} ({self.name} "
+                            f"recomputes only those)")
         if len(g.nodes[n]["outs"]) != 1:
-            raise RuleError(f"recompute: {box.name} has {len(g.nodes[n]['outs'])} outputs")
+            raise RuleError(f"{self.name}: {box.name} has {len(g.nodes[n]['outs'])} outputs")
         reads = readers(g, n)
         if len(reads) < 2:
-            raise RuleError(f"recompute: {box.name}'s result is read once; nothing to recompute")
+            raise RuleError(f"{self.name}: {box.name}'s result is read once; nothing to "
+                            f"recompute")
         return g, n, reads
 
     def check(self, program, site, params):
@@ -86,18 +115,35 @@ class Recompute(Rule):
         return replace_at(program, site.path, to_diagram(g))
 
     def candidates(self, program, path=()):
-        """Every elementwise box read more than once whose value carries an axis that one
-        of its readers reduces (there a copy of its own lets the reduction stream)."""
+        """Every elementwise box read more than once whose value carries an axis that a
+        reader reduces, directly or through elementwise boxes (there a copy of its own
+        lets the reduction stream)."""
         g = view(body_at(program, path))
         for i, n in enumerate(op_order(g)):
             box = g.nodes[n]["box"]
-            if not getattr(box.spec, "elementwise", False) or len(g.nodes[n]["outs"]) != 1:
+            if not self.recomputes(box.spec) or len(g.nodes[n]["outs"]) != 1:
                 continue
             reads = readers(g, n)
             if len(reads) < 2:
                 continue
-            axes = set(g.nodes[g.nodes[n]["outs"][0]]["ob"].type.names)
-            if any(m != "output" and axes - {a for ob in g.nodes[m]["box"].cod.inside
-                                             for a in ob.type.names}
-                   for m, _ in reads):
+            if _reaches_reduction(g, n):
+                yield Site(tuple(path), (i,)), {}
+
+
+class RecomputeProduct(Recompute):
+    name = "recompute_product"
+    eager = False  # a product's copy costs FLOPs: the cost model decides
+    summary = "a contraction several boxes read: computed once per reader (the search decides)"
+    what = "a contraction"
+
+    def recomputes(self, spec) -> bool:
+        return spec.kind == "contract"
+
+    def candidates(self, program, path=()):
+        """Every contraction read by two or more boxes (a reader that reduces an axis may
+        sit behind elementwise boxes: the scale of S = Q·Kᵀ/√d)."""
+        g = view(body_at(program, path))
+        for i, n in enumerate(op_order(g)):
+            if self.recomputes(g.nodes[n]["box"].spec) and len(g.nodes[n]["outs"]) == 1 \
+                    and sum(m != "output" for m, _ in readers(g, n)) >= 2:
                 yield Site(tuple(path), (i,)), {}

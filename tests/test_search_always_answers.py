@@ -59,13 +59,28 @@ def test_a_constant_sink_written_by_hand_streams_in_one_pass():
     np.testing.assert_allclose(got, _reference(constant_sink, xs), rtol=1e-5, atol=1e-6)
 
 
-def test_a_form_no_rule_streams_gets_a_kernel_per_box_and_a_note():
+def test_a_form_no_recognition_knows_streams_in_two_passes():
+    # c − m written −(m − c): no one-pass accumulator takes it, but the scores recomputed
+    # per reader (recompute_product) stream twice in one kernel: the row max, then the rest
     alg = _imported(constant_sink_other_form)
     found = nk.optimize(alg, sizes={"q": 4096, "x": 4096, "d": 128})
+    rules = [m.rule for m in found.chain]
+    assert not found.search.note and len(found.search.best.tiles.launch) == 1
+    assert "recompute_product" in rules and rules.count("stream_partition") == 2
+    small = found.fit({"q": 40, "x": 56, "d": 16})
+    xs = _inputs(40, 56, 16, seed=2)
+    got = np.asarray(small.kernel(interpret=True, dtype="f32")(*xs))
+    np.testing.assert_allclose(got, _reference(constant_sink_other_form, xs), rtol=1e-5,
+                               atol=1e-6)
+
+
+def test_a_search_that_finds_nothing_fused_gets_a_kernel_per_box_and_a_note():
+    alg = _imported(constant_sink_other_form)
+    found = nk.optimize(alg, sizes={"q": 4096, "x": 4096, "d": 128}, max_states=3)
     note = found.search.note
     assert "every box runs as a kernel of its own" in note
-    assert "532480 bytes of smem" in note  # the best fused program, and why it does not fit
-    assert "cannot stream over x: sub needs max_const(0.5)[q]" in note
+    assert "bytes of smem but the budget is 232448" in note  # the best fused, and why not
+    assert "state limit 3 reached" in note
     assert found.search.best.feasible and len(found.program.boxes) > 5
     program = alg  # the chain is rule applications: replaying it gives the program
     for mv in found.chain:

@@ -244,6 +244,10 @@ def load_algorithm(spec, base: Path | None = None) -> Source:
     if isinstance(spec, str):
         alg = get(spec)
         return Source(spec, alg.diagram, alg.reference, alg.sample)
+    if is_grad_spec(spec):  # a backward pass: napkin.grad of it (for one input, or all)
+        from napkin.frontend.grad import grad
+        inner, wrt = load_algorithm(spec["grad"], base), spec.get("wrt")
+        return Source(spec_label(spec), lambda dtype="f32": grad(inner.build(dtype), wrt=wrt))
     path, name = algorithm_file(spec, base)
     label = spec["from"]
     module_name = f"_napkin_alg_{path.stem}"
@@ -493,12 +497,38 @@ class Certificate:
         folder the certificate was made in, ``origin``)."""
         cert = self
         if isinstance(self.algorithm, dict) and self.origin is not None:
-            file, _, name = self.algorithm["from"].rpartition(":")
-            where = Path(file) if Path(file).is_absolute() else Path(self.origin) / file
             folder = Path(path).resolve().parent
-            rel = os.path.relpath(where.resolve(), folder)
-            cert = dataclasses.replace(self, algorithm={"from": f"{rel}:{name}"}, origin=folder)
+            cert = dataclasses.replace(self, algorithm=_relative(self.algorithm, self.origin,
+                                                                 folder), origin=folder)
         Path(path).write_text(cert.to_json(), encoding="utf-8")
+
+
+def is_grad_spec(spec) -> bool:
+    """``{"grad": SOURCE}`` or ``{"grad": SOURCE, "wrt": INPUT}``: the backward pass of
+    SOURCE (napkin.grad), every floating input's cotangent or INPUT's."""
+    return isinstance(spec, dict) and "grad" in spec and set(spec) <= {"grad", "wrt"} and \
+        isinstance(spec.get("wrt", ""), str)
+
+
+def spec_label(spec) -> str:
+    """How a certificate's algorithm is named in messages."""
+    if is_grad_spec(spec):
+        wrt = f" with respect to {spec['wrt']}" if "wrt" in spec else ""
+        return f"grad of {spec_label(spec['grad'])}{wrt}"
+    if isinstance(spec, dict):
+        return str(spec.get("from", repr(spec)))
+    return spec if isinstance(spec, str) else repr(spec)
+
+
+def _relative(spec, origin, folder):
+    """``spec`` with its ``from`` file named relative to ``folder`` (a grad's, inside)."""
+    if is_grad_spec(spec):
+        return {**spec, "grad": _relative(spec["grad"], origin, folder)}
+    if not isinstance(spec, dict):
+        return spec
+    file, _, name = spec["from"].rpartition(":")
+    where = Path(file) if Path(file).is_absolute() else Path(origin) / file
+    return {"from": f"{os.path.relpath(where.resolve(), folder)}:{name}"}
 
 
 def read_text(path: Path) -> str:

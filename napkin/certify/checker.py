@@ -39,7 +39,7 @@ import numpy as np
 import sympy
 
 from napkin.certify.certificate import (Certificate, CertificateError, fingerprint, load_algorithm,
-                                size_symbols)
+                                        size_symbols, spec_label)
 from napkin.core.errors import NapkinError
 from napkin.core.primitives import JNP_DTYPES
 from napkin.frontend.sampling import sample
@@ -342,8 +342,7 @@ def replay(cert: Certificate, src=None):
 
 
 def _label(cert):
-    a = cert.algorithm
-    return a if isinstance(a, str) else a.get("from", repr(a)) if isinstance(a, dict) else repr(a)
+    return spec_label(cert.algorithm)
 
 
 def _numeric(cert, src, original, programs):

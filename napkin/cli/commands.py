@@ -129,16 +129,43 @@ def load_with_source(spec: str | None, from_: str | None):
     return spec, src.build("f32"), None, src
 
 
-def optimized(args, name, diagram, cert=None, sizes=None, **options):
+def optimized(args, name, diagram, cert=None, sizes=None, wrt=None, **options):
     """napkin.optimize on a command's algorithm; its certificate names the algorithm as
-    the command line did (a library name, --from FILE:NAME, or a certificate's own)."""
+    the command line did (a library name, --from FILE:NAME, or a certificate's own).
+    ``wrt``: the backward pass for that input instead (napkin.grad; its certificate names
+    ``{"grad": ..., "wrt": ...}``)."""
     from napkin.pipeline import optimize
     if cert is not None:
         source, base = cert.algorithm, cert.origin
     else:
         source, base = ({"from": args.from_} if args.from_ else name), Path.cwd()
+    if wrt is not None:
+        from napkin.frontend.grad import grad
+        diagram, source = grad(diagram, wrt=wrt), {"grad": source, "wrt": wrt}
     return optimize(diagram, args.hardware, sizes, args.dtype, source=source, base=base,
                     **options)
+
+
+BACKWARD = (arg("--backward", action="store_true",
+                help="the backward pass instead: for each floating input (or --wrt), the "
+                     "program of its cotangent (napkin.grad)"),
+            arg("--wrt", metavar="INPUT", help="with --backward: this input's cotangent only"))
+
+
+def backward_inputs(args, diagram) -> list:
+    """[None] (the forward) without --backward; else the inputs whose cotangents it asks."""
+    from napkin.core.primitives import FLOATING
+    if not getattr(args, "backward", False):
+        if getattr(args, "wrt", None):
+            raise NapkinError("--wrt names an input of the backward pass: give --backward too")
+        return [None]
+    names = [ob.name for ob in diagram.dom.inside if ob.type.dtype in FLOATING]
+    if args.wrt is None:
+        return names
+    if args.wrt not in names:
+        raise NapkinError(f"--wrt {args.wrt}: not a floating input of the algorithm (its "
+                          f"floating inputs: {', '.join(names)})")
+    return [args.wrt]
 
 
 def replay(cert, path=None):
@@ -330,7 +357,7 @@ LIMITS = (arg("--max-states", type=int, default=2000,
          arg("--draw", metavar="PATH", help="draw the algorithm and its streamed program"),
          arg("--levels", choices=("two", "all"), default="two",
              help="GMEM+SMEM (the paper's setting) or the profile's whole hierarchy"),
-         *LIMITS)
+         *LIMITS, *BACKWARD)
 def _optimize(args) -> int:
     with Outputs() as out:
         cert = out.file(args.certificate, "--certificate")
@@ -341,9 +368,24 @@ def _optimize(args) -> int:
 def _optimize_to(args, cert, drawing, out) -> int:
     name, diagram, loaded = load(args.algorithm, args.from_)
     sizes = sizes_for(diagram, parse_sizes(args.size), "--size")
-    opt = optimized(args, name, diagram, loaded, sizes, max_states=args.max_states,
-                    max_seconds=args.max_seconds, levels=args.levels)
-    r = opt.search
+    targets = backward_inputs(args, diagram)
+    if len(targets) > 1 and (cert or drawing or args.json):
+        raise NapkinError("--backward has one program per input: give --wrt INPUT with "
+                          "--certificate, --draw or --json")
+    total = 0.0
+    for wrt in targets:
+        opt = optimized(args, name, diagram, loaded, sizes, wrt=wrt, max_states=args.max_states,
+                        max_seconds=args.max_seconds, levels=args.levels)
+        label = name if wrt is None else f"the backward of {name} with respect to {wrt}"
+        _report_optimized(args, label, opt, sizes, cert, drawing, out)
+        total += opt.search.best.time_s
+    if len(targets) > 1:
+        print(f"backward: {len(targets)} programs, {total:.4g} s modelled in all")
+    return 0
+
+
+def _report_optimized(args, name, opt, sizes, cert, drawing, out) -> None:
+    diagram, r = opt.algorithm, opt.search
     cert_path = None
     if cert:
         cert_path = out.write(cert, lambda: write_certificate(opt, args.certificate))
@@ -355,7 +397,7 @@ def _optimize_to(args, cert, drawing, out) -> int:
     if args.json:
         data = {**result_json(r, sizes, cert_path), "launch": opt.launch}
         print(json.dumps(_jsonable(data), indent=2, sort_keys=True))
-        return 0
+        return
     print(f"{name} on {args.hardware} ({args.levels} levels), {args.dtype}, sizes "
           + ", ".join(f"{k}={v}" for k, v in sizes.items()))
     for i, mv in enumerate(r.best.chain, 1):
@@ -386,7 +428,6 @@ def _optimize_to(args, cert, drawing, out) -> int:
         print(f"certificate: {cert_path}")
     if args.draw:
         print(f"drawing: {args.draw}")
-    return 0
 
 
 def write_certificate(opt, path) -> str:
@@ -481,6 +522,47 @@ def run_and_compare(kernel, alg, diagram, sizes, dtype, interpret):
     return err, wall
 
 
+def grad_and_compare(kernel, alg, diagram, sizes, dtype) -> float:
+    """jax.grad of Σ out·c (c random) through ``kernel`` (a differentiable one, its
+    backward napkin's kernels) against jax.vjp of the reference in float64; the largest
+    relative error over the floating inputs' cotangents."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from napkin.core.primitives import FLOATING, JNP_DTYPES
+    from napkin.frontend.sampling import sample
+    from napkin.core.semantics import evaluate
+    rng = np.random.default_rng(1)
+    sampler = getattr(alg, "sample", None)
+    xs64 = sampler(rng, sizes) if sampler is not None else sample(diagram, sizes, rng)
+    own = [ob.type.dtype for ob in diagram.dom.inside]
+    xs = [jnp.asarray(x, JNP_DTYPES[dtype if d in FLOATING else d]) for x, d in zip(xs64, own)]
+    fl = [i for i, d in enumerate(own) if d in FLOATING]
+    out_shape = jax.eval_shape(kernel, *xs).shape
+    c = rng.standard_normal(out_shape)
+
+    def of_floats(fn, base):
+        def f(*fx):
+            a = list(base)
+            for i, v in zip(fl, fx):
+                a[i] = v
+            return fn(*a)
+        return f
+    got = jax.grad(lambda *fx: jnp.sum(of_floats(kernel, xs)(*fx).astype(jnp.float32)
+                                       * jnp.asarray(c, jnp.float32)),
+                   argnums=tuple(range(len(fl))))(*[xs[i] for i in fl])
+    reference = getattr(alg, "reference", None) or evaluate(diagram)
+    with jax.enable_x64(True):
+        base = [jnp.asarray(x, jnp.float64) if d in FLOATING else x for x, d in zip(xs, own)]
+        _, back = jax.vjp(of_floats(reference, base), *[base[i] for i in fl])
+        want = back(jnp.asarray(c, jnp.float64))
+    err = 0.0
+    for g, w in zip(got, want):
+        g, w = np.asarray(jnp.asarray(g, jnp.float32), np.float64), np.asarray(w, np.float64)
+        err = max(err, float(np.max(np.abs(g - w)) / max(float(np.max(np.abs(w))), 1e-300)))
+    return err
+
+
 def _shapes(diagram, sizes: dict) -> list[tuple]:
     return [tuple(sizes[str(a.size)] if not isinstance(a.size, int) else a.size
                   for a in ob.type.axes) for ob in diagram.dom.inside]
@@ -554,7 +636,10 @@ def _lower_to(args, emit, out) -> int:
 @command("run", "optimise → check the certificate → lower → run on random inputs → compare",
          arg("algorithm", metavar="ALGO", nargs="?"), FROM, SIZE, HARDWARE,
          arg("--dtype", default="f32", metavar="DT", help="input dtype (default: f32)"), BACKEND,
-         TILE, INTERPRET, *LIMITS)
+         TILE, INTERPRET, *LIMITS,
+         arg("--backward", action="store_true",
+             help="also jax.grad through the kernel (its backward napkin's programs) against "
+                  "jax.grad of the reference"))
 def _run(args) -> int:
     from napkin.frontend.library import DEFAULT_SIZES
     from napkin.lower import hbm_bytes
@@ -573,6 +658,8 @@ def _run(args) -> int:
         if small else sizes
     opt = optimized(args, name, diagram, sizes=full, max_states=args.max_states,
                     max_seconds=args.max_seconds)
+    if args.backward:
+        opt.backward  # searched at full scale too, then fitted with the forward  # noqa: B018
     opt = opt.fit(sizes) if small and full != sizes else opt  # (searched at these: as found)
     chosen = parse_sizes(args.tile, "--tile", "TILE")
     opt = opt.with_tiles(chosen)
@@ -600,6 +687,19 @@ def _run(args) -> int:
           + ", ".join(f"{t}={v}" for t, v in k.tiles.items()) + ")")
     if err > tol:
         raise NapkinError(f"kernel differs from the reference: relative error {err:.2e} > {tol:g}")
+    if args.backward:
+        g_err = grad_and_compare(opt.kernel(args.backend, interpret=interpret), source, diagram,
+                                 sizes, args.dtype)
+        pieces = opt.backward.pieces
+        print(f"backward: {len(pieces)} programs (" + "; ".join(
+            f"d{n}: {len(o.search.best.tiles.launch)} kernel(s), "
+            + " → ".join(m.rule + (f"({dict(m.params)['axis']})" if "axis" in dict(m.params)
+                                   else "") for m in o.chain)
+            for n, o in pieces) + f"); jax.grad max relative error vs the reference's "
+            f"{g_err:.2e} (tolerance {tol:g})")
+        if g_err > tol:
+            raise NapkinError(f"the gradient differs from the reference's: relative error "
+                              f"{g_err:.2e} > {tol:g}")
     return 0
 
 
@@ -709,22 +809,29 @@ def _demo_in(args, hardware, files, out) -> int:
          arg("--markdown", action="store_true", help="Markdown instead of plain text"),
          arg("--levels", choices=("two", "all"), default="two"),
          arg("--hopper", action="store_true",
-             help="also the paper's Hopper warpgroup derivation (occupancy, bound unit, TFLOP/s)"))
+             help="also the paper's Hopper warpgroup derivation (occupancy, bound unit, TFLOP/s)"),
+         *BACKWARD)
 def _pseudocode(args) -> int:
     from napkin.hardware import get_hardware
     from napkin.views.pseudocode import pseudocode
     name, diagram, cert = load(args.algorithm, args.from_)
     hw = get_hardware(args.hardware)
     hw2 = hw.two_level() if args.levels == "two" else hw
-    if cert is not None:
-        program, tiles, sizes = replay(cert, args.algorithm), dict(cert.tiles), dict(cert.sizes)
-    else:
-        sizes = sizes_for(diagram, parse_sizes(args.size), "--size")
-        opt = optimized(args, name, diagram, sizes=sizes, levels=args.levels)
-        program, tiles = opt.program, opt.search.best.tiles
-    print(pseudocode(program, hw2, sizes, tiles, args.dtype,
-                     fmt="markdown" if args.markdown else "text", title=str(name)))
-    if args.hopper:
+    targets = backward_inputs(args, diagram)
+    if cert is not None and targets != [None]:
+        raise NapkinError("a certificate is one program: --backward takes an algorithm")
+    for wrt in targets:
+        if cert is not None:
+            program, tiles = replay(cert, args.algorithm), dict(cert.tiles)
+            sizes = dict(cert.sizes)
+        else:
+            sizes = sizes_for(diagram, parse_sizes(args.size), "--size")
+            opt = optimized(args, name, diagram, sizes=sizes, wrt=wrt, levels=args.levels)
+            program, tiles = opt.program, opt.search.best.tiles
+        title = str(name) if wrt is None else f"d{wrt}: the backward of {name}"
+        print(pseudocode(program, hw2, sizes, tiles, args.dtype,
+                         fmt="markdown" if args.markdown else "text", title=title))
+    if args.hopper and targets == [None]:
         from napkin.views.hopper import derive_config, hopper_attention_config
         values = tiles if isinstance(tiles, dict) else dict(tiles.values)
         print()

@@ -192,6 +192,20 @@ def to_diagram(graph: nx.DiGraph) -> Diagram:
     return Diagram(tuple(em.layers), em.ty(inputs), em.ty(outputs), _scan=False)
 
 
+def without_dead_boxes(diagram) -> Diagram:
+    """``diagram`` without the boxes no output depends on (a Markov category's discard of
+    a deterministic box is the discard of its inputs: the same morphism); the diagram
+    itself when every box is live."""
+    g = to_graph(diagram)
+    live = set().union(*(nx.ancestors(g, v) | {v} for v in g.graph["outputs"])) \
+        if g.graph["outputs"] else set()
+    dead = [n for n in g.nodes if g.nodes[n]["kind"] == "op" and n not in live]
+    if not dead:
+        return diagram
+    g.remove_nodes_from(dead + [v for n in dead for v in g.nodes[n]["outs"]])
+    return to_diagram(g)
+
+
 def relabel(graph: nx.DiGraph, mapping: dict | None = None) -> nx.DiGraph:
     """Copy of ``graph`` with op/value ids renumbered: by ``mapping``, or else in
     topological order."""

@@ -611,9 +611,10 @@ class Softmax(Spec):
         return 5 * ins[0].numel  # max, subtract, exp, sum, divide
 
     def vjp(self, ad, ins, outs, xs, y, ct):
-        # P ⊙ (ct − Σ ct ⊙ P): a row that kept nothing (P = 0) gets 0
+        # P ⊙ (ct − Σ ct ⊙ P): a row that kept nothing (P = 0) gets 0; the row term is a
+        # contraction (a rule may reassociate it with the forward's P·V)
         o = ad.ops
-        g = y * (ct - o.sum_(ct * y, self.axis))
+        g = y * (ct - o.contract(ct, y, out=y.type.without(self.axis).names))
         return (ad.to(g, ins[0]) if ad.floating(ins[0]) else None,)
 
     def label(self):
@@ -675,7 +676,7 @@ class SinkSoftmax(Softmax):
         # the sink is one more logit with no value: its probability 1 − Σ P, its cotangent
         # −(1 − Σ P)·Σ ct ⊙ P; the scores' as softmax's
         o = ad.ops
-        r = o.sum_(ct * y, self.axis)
+        r = o.contract(ct, y, out=y.type.without(self.axis).names)
         gx = y * (ct - r)
         gs = o.neg((1.0 - o.sum_(y, self.axis)) * r)
         return tuple(ad.to(g, t) if ad.floating(t) else None for g, t in zip((gx, gs), ins))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from napkin.core.arrays import ArrayType
 from napkin.core.errors import NapkinError
-from napkin.core.ir import ops as op_order, view
+from napkin.core.ir import ops as op_order, view, without_dead_boxes
 from napkin.core.primitives import FLOATING
 from napkin.frontend import ops
 from napkin.frontend.trace import Value, trace
@@ -74,7 +74,8 @@ def grad(diagram, wrt=None, name: str | None = None):
         return [cts[inputs[i]] if inputs[i] in cts else
                 ops.fill(g.nodes[inputs[i]]["ob"].type, 0.0) for i in want]
     label = getattr(diagram, "name", "") or "algorithm"
-    return trace(backward, pairs, name or f"grad {label}")
+    # the forward's outputs are replayed for the backward's sake only where it reads them
+    return without_dead_boxes(trace(backward, pairs, name or f"grad {label}"))
 
 
 def _wrt(wrt, names, types) -> list[int]:
