@@ -3,9 +3,11 @@ parameters, compiled for sm_90 with the pinned triton (no GPU needed), set besid
 model (napkin.cost.launch): shared memory per block, registers, spills, tensor cores.
 
     python benchmarks/cpu_proofs.py [--hardware h100 h200] [--dtype bf16]
+    python benchmarks/cpu_proofs.py --backward --names attention gqa   # the backward's kernels
 
 Prints one table per profile (ratios allocated / modelled); a line per kernel the lowering
-or Triton refuses, with the reason.
+or Triton refuses, with the reason.  ``--backward``: the kernels of each algorithm's backward
+programs (one per input's cotangent, ``Optimized.backward``), rows named ``name dX``.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ def main() -> None:
     ap.add_argument("--hardware", nargs="+", default=["h100", "h200"])
     ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--names", nargs="+", default=list(LIBRARY))
+    ap.add_argument("--backward", action="store_true", help="the backward programs' kernels")
     args = ap.parse_args()
     warnings.simplefilter("ignore")
     head = (f"{'kernel':<26} {'tiles':<30} {'warps':>5} {'stg':>3} {'smem model':>10} "
@@ -30,10 +33,8 @@ def main() -> None:
             f"{'spills':>6} {'dots':>4} {'wgmma':>5} {'search s':>8} {'compile s':>9}")
     for hw in args.hardware:
         print(f"\n{hw}, {args.dtype}, default sizes (napkin.frontend.library.DEFAULT_SIZES)\n{head}")
-        for name in args.names:
-            t0 = time.perf_counter()
+        for name, opt, t0 in _programs(args.names, hw, args.dtype, args.backward):
             try:
-                opt = optimize(name, hw, None, args.dtype)
                 shapes = [tuple(opt.sizes[a.name] for a in ob.type.axes)
                           for ob in opt.algorithm.dom.inside]
                 launches = opt.search.best.tiles.launch
@@ -51,6 +52,21 @@ def main() -> None:
                       f"{m['registers_per_thread']:>10} {k.registers:>10} {k.spills:>6} "
                       f"{k.dots - k.fma_dots}/{k.dots:<2} {'yes' if 'wgmma' in k.ptx else 'no':>5} "
                       f"{t1 - t0:>8.1f} {t2 - t1:>9.1f}")
+
+
+def _programs(names, hw, dtype, backward):
+    """(row name, Optimized, start time) per program: the forward's, or each cotangent's."""
+    for name in names:
+        t0 = time.perf_counter()
+        try:
+            opt = optimize(name, hw, None, dtype)
+            pieces = [(f"{name} d{w}", o) for w, o in opt.backward.pieces] if backward \
+                else [(name, opt)]
+        except Exception as e:  # noqa: BLE001 - a row saying why
+            print(f"{name:<26} refused: {str(e).splitlines()[0][:150]}")
+            continue
+        for row, o in pieces:
+            yield row, o, t0
 
 
 if __name__ == "__main__":

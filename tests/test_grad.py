@@ -176,3 +176,14 @@ def test_grad_names_what_it_cannot_differentiate():
     program = nk.optimize("attention", sizes={"q": 256, "x": 256, "d": 64}).program
     with pytest.raises(nk.NapkinError, match=r"grad: box \d+ \(.*\).*declares no derivative"):
         nk.grad(program)
+
+
+def test_a_stop_gradient_napkin_cannot_honour_is_refused_not_ignored():
+    F = jax.ShapeDtypeStruct((4, 5), jnp.float32)
+    # JAX's softmax and logsumexp shift by a stopped row max: invariant under the shift
+    for fn in (lambda x: jax.nn.softmax(x, -1), lambda x: jax.nn.logsumexp(x, -1)):
+        nk.grad(nk.from_jax(fn, F, axes=["a b"]))
+    straight_through = nk.from_jax(lambda x: jnp.sum(jax.lax.stop_gradient(x) * x, -1), F,
+                                   axes=["a b"])
+    with pytest.raises(nk.NapkinError, match=r"stops gradients at .*stop_gradient"):
+        nk.grad(straight_through)

@@ -48,17 +48,18 @@ def _loops(box, kind):
             yield from _loops(inner, kind)
 
 @pytest.mark.parametrize("form", ["jnp", "ops"])
-def test_layernorm_then_matmul_is_two_kernels_not_ten(form):
+def test_layernorm_then_matmul_is_three_kernels_not_ten(form):
     """LayerNorm is RMSNorm of x − μ (recognised: the variance is the mean square of x − μ):
-    one kernel for the mean and x − μ, one for RMSNorm → matmul (its per-row factor pulled
-    out of the contraction), as rmsnorm_matmul runs; the one-kernel alternatives (x − μ
-    recomputed for every column tile) are priced and lose."""
+    one kernel for the row statistics (μ, then the mean square of x − μ, two streams over
+    d), one writing the normalised rows, one matmul — 1.2× the matmul alone in the model.
+    The fused alternatives (x − μ and the scale recomputed for every column tile of the
+    matmul: two kernels, 1.0 ms) are priced and lose."""
     d = oa.imported("layernorm_matmul") if form == "jnp" else oa.layernorm_matmul_ops
     found = nk.optimize(d, sizes={"n": 4096, "d": 4096, "e": 4096}, dtype="bf16")
-    assert _kernels(found.program) <= 2
+    assert _kernels(found.program) <= 3
     assert found.chain[0].rule == "recognize"
     mm = nk.optimize("matmul", sizes={"a": 4096, "b": 4096, "c": 4096}, dtype="bf16")
-    assert found.search.best.time_s < 2.5 * mm.search.best.time_s
+    assert found.search.best.time_s < 1.3 * mm.search.best.time_s
     small = found.fit({"n": 40, "d": 24, "e": 36})
     rng = np.random.default_rng(0)
     xs = [rng.normal(size=(40, 24)), rng.normal(size=24), rng.normal(size=24),

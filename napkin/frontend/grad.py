@@ -47,6 +47,12 @@ class Reverse:
 def grad(diagram, wrt=None, name: str | None = None):
     """The backward diagram of ``diagram`` (see the module doc).  ``wrt``: input names (or
     positions) whose cotangents it outputs, default every floating input."""
+    stopped = getattr(diagram, "stop_gradients", None)
+    if stopped:
+        raise NapkinError(f"grad: the function stops gradients {stopped[0]} "
+                          f"(jax.lax.stop_gradient), which napkin.from_jax reads as the "
+                          f"identity: napkin.grad would differ from jax.grad there (one inside "
+                          f"a softmax or logsumexp is read with it and is harmless); remove it")
     g = view(diagram)
     inputs, outputs = g.graph["inputs"], g.graph["outputs"]
     names = [g.nodes[v]["ob"].name for v in inputs]

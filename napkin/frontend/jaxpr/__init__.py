@@ -64,7 +64,7 @@ the diagram's inputs (marked "1" in ``axes``) and outputs.
 from __future__ import annotations
 
 from napkin.frontend.jaxpr.emit import emit
-from napkin.frontend.jaxpr.graph import Graph
+from napkin.frontend.jaxpr.graph import Graph, Uses
 from napkin.frontend.jaxpr.naming import Naming, arg_names, axis_names, struct
 from napkin.frontend.jaxpr.patterns import recognise
 from napkin.frontend.jaxpr.tracing import dce, read_size_constants, trace
@@ -103,7 +103,13 @@ def from_jax(fn, *args, axes=None, name: str | None = None):
     graph = Graph(naming, traced)
     outs = graph.build(eqns, traced.invars, traced.outvars)
     recognise(graph, outs)
+    # a stop_gradient inside a softmax or logsumexp (JAX's own shift by the row max) is gone
+    # with the pattern, and harmless: both are invariant under the shift; one still live
+    # would make napkin.grad differ from jax.grad, so grad refuses such a diagram
+    live = {id(n) for n in Uses(graph, outs).live}
+    stopped = [where for n, where in graph.stopped if id(n) in live]
     diagram = emit(graph, outs, traced.invars, naming, argnames, label)
+    diagram.stop_gradients = stopped
     from napkin.certify.certificate import size_symbols
     diagram.sizes = {a: s for a, s in traced.sizes.items() if a in size_symbols(diagram)}
     return diagram

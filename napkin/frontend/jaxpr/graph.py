@@ -89,6 +89,7 @@ class Graph:
         self.naming, self.t = naming, traced
         self.nodes: list[Node] = []
         self.inputs: list[Node] = []
+        self.stopped: list = []  # (node, where): the values jax.lax.stop_gradient was applied to
         self._cse: dict = {}
 
     def node(self, op, args, p, axes, dtype, src="") -> Node:
@@ -133,6 +134,8 @@ class Graph:
         p = e.prim
         dt = napkin_dtype(e.outs[0].dtype, e.where())
         src = e.at()
+        if p == "stop_gradient" and isinstance(vals[0], A):  # the identity here; see grad
+            self.stopped.append((vals[0].node, src))
         if p in IDENTITY or p in WIRING:
             return [vals[0]]
         if p in UNARY:
