@@ -1,5 +1,5 @@
 """The backward pass, searched: per algorithm, the forward's program and the programs of its
-cotangents (napkin.grad, one search per input), their kernels, modelled times and HBM bytes.
+cotangents (napkin.grad, one search per group of inputs with the same axes), their kernels, modelled times and HBM bytes.
 
     python benchmarks/backward.py                    # the library rows, default sizes
     python benchmarks/backward.py attention gqa      # some rows
@@ -34,7 +34,7 @@ def main(argv=None) -> int:
         fs = time.perf_counter() - t
         rows = [("forward", fwd, fs)]
         for wrt, o in _timed_pieces(fwd):
-            rows.append((f"d{wrt}",) + o)
+            rows.append((",".join("d" + n for n in wrt),) + o)
         for label, o, s in rows:
             best = o.search.best
             chain = " → ".join(m.rule + (f"({dict(m.params)['axis']})" if "axis" in dict(m.params)
@@ -47,7 +47,7 @@ def main(argv=None) -> int:
               f"{total / fwd.search.best.time_s:6.2f}")
         if name == "attention":
             sz = fwd.sizes
-            key = fwd.backward.pieces[1][1].tiles.get("g_x", sz["x"])
+            key = fwd.backward.pieces[-1][1].tiles.get("g_x", sz["x"])
             fa2 = fa2_bytes(sz["q"], sz["x"], sz["d"], key)
             ours = sum(o.search.best.tiles.transfers_bytes for _, o, _ in rows[1:])
             print(f"  FlashAttention-2's backward at key tile {key}: {fa2:.4g} bytes; napkin's "

@@ -60,7 +60,8 @@ def _programs(names, hw, dtype, backward):
         t0 = time.perf_counter()
         try:
             opt = optimize(name, hw, None, dtype)
-            pieces = [(f"{name} d{w}", o) for w, o in opt.backward.pieces] if backward \
+            pieces = [(f"{name} " + ",".join("d" + n for n in w), o)
+                      for w, o in opt.backward.pieces] if backward \
                 else [(name, opt)]
         except Exception as e:  # noqa: BLE001 - a row saying why
             print(f"{name:<26} refused: {str(e).splitlines()[0][:150]}")

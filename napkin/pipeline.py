@@ -82,24 +82,24 @@ class Optimized:
 
     @functools.cached_property
     def backward(self) -> Backward:
-        """The backward pass (:class:`Backward`): for every floating input, :func:`napkin.grad`
-        of the algorithm with respect to it, searched like the forward on the same
-        hardware, sizes and dtype."""
+        """The backward pass (:class:`Backward`): :func:`napkin.grad` of the algorithm with
+        respect to the floating inputs, one program per set of inputs with the same axes
+        (dK and dV, both [x, d], share one stream over the queries; dQ has its own),
+        searched like the forward on the same hardware, sizes and dtype."""
         from napkin.certify.certificate import size_symbols
-        from napkin.core.arrays import array_types
-        from napkin.core.primitives import FLOATING
         from napkin.frontend.grad import grad
         pieces = []
-        for ob, t in zip(self.algorithm.dom.inside, array_types(self.algorithm.dom)):
-            if t.dtype not in FLOATING:
-                continue
-            diagram = grad(self.algorithm, wrt=ob.name)
-            names = size_symbols(diagram)
-            source = None if self.source is None else {"grad": self.source, "wrt": ob.name}
-            pieces.append((ob.name, optimize(
-                diagram, self.hardware, {k: v for k, v in self.sizes.items() if k in names},
+        for names in backward_groups(self.algorithm):
+            wrt = names[0] if len(names) == 1 else list(names)
+            diagram = grad(self.algorithm, wrt=wrt)
+            axes = size_symbols(diagram)
+            source = None if self.source is None else {"grad": self.source, "wrt": wrt}
+            pieces.append((names, optimize(
+                diagram, self.hardware, {k: v for k, v in self.sizes.items() if k in axes},
                 self.dtype, source=source, base=self.base)))
-        return Backward(tuple(pieces))
+        wanted = {n for names, _ in pieces for n in names}
+        return Backward(tuple(pieces), tuple(ob.name for ob in self.algorithm.dom.inside
+                                             if ob.name in wanted))
 
     def kernel(self, backend: str = "auto", *, interpret="auto", dtype: str | None = None):
         """The program as a JAX function with these tiles and launch parameters, and a
@@ -185,15 +185,27 @@ class Optimized:
         return self.cost.schedule
 
 
+def backward_groups(algorithm) -> list[tuple[str, ...]]:
+    """The floating inputs, grouped by their axes (in input order): the cotangents one
+    backward program computes together."""
+    from napkin.core.primitives import FLOATING
+    groups: dict = {}
+    for ob in algorithm.dom.inside:
+        if ob.type.dtype in FLOATING:
+            groups.setdefault(frozenset(ob.type.names), []).append(ob.name)
+    return [tuple(g) for g in groups.values()]
+
+
 @dataclass(frozen=True, eq=False)
 class Backward:
-    """An algorithm's backward pass: one program per floating input, the cotangent of that
-    input (``napkin.grad(algorithm, wrt=input)``: the algorithm's inputs, then one
-    cotangent per floating output, in), each searched on its own and recomputing from the
-    inputs what it needs of the forward — one search per output keeps each search small;
-    a program that shares work between cotangents (dK and dV over one stream of queries)
-    is the joint search's to find.  ``pieces``: (input name, its :class:`Optimized`)."""
+    """An algorithm's backward pass: one program per group of floating inputs with the same
+    axes (:func:`backward_groups`), the cotangents of those inputs
+    (``napkin.grad(algorithm, wrt=...)``: the algorithm's inputs, then one cotangent per
+    floating output, in), each searched on its own and recomputing from the inputs what it
+    needs of the forward.  ``pieces``: (input names, their :class:`Optimized`);
+    ``inputs``: the floating inputs' names, in input order."""
     pieces: tuple
+    inputs: tuple
 
     @property
     def time_s(self) -> float:
@@ -202,15 +214,20 @@ class Backward:
 
     def kernel(self, backend: str = "auto", *, interpret="auto", dtype: str | None = None):
         """(inputs..., cotangents...) -> the floating inputs' cotangents, in input order."""
-        kernels = [o._forward_kernel(backend, interpret, dtype) for _, o in self.pieces]
+        kernels = [(names, o._forward_kernel(backend, interpret, dtype))
+                   for names, o in self.pieces]
 
         def run(*arrays):
-            return tuple(k(*arrays) for k in kernels)
+            got = {}
+            for names, k in kernels:
+                out = k(*arrays)
+                got.update(zip(names, out if isinstance(out, tuple) else (out,)))
+            return tuple(got[n] for n in self.inputs)
         return run
 
     def fit(self, sizes: dict) -> Backward:
         return Backward(tuple((n, o.fit({k: v for k, v in sizes.items() if k in o.sizes}))
-                              for n, o in self.pieces))
+                              for n, o in self.pieces), self.inputs)
 
     def check(self, numeric: bool = True) -> list:
         """Every program's certificate, replayed by the independent checker."""

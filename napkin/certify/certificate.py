@@ -504,16 +504,19 @@ class Certificate:
 
 
 def is_grad_spec(spec) -> bool:
-    """``{"grad": SOURCE}`` or ``{"grad": SOURCE, "wrt": INPUT}``: the backward pass of
-    SOURCE (napkin.grad), every floating input's cotangent or INPUT's."""
-    return isinstance(spec, dict) and "grad" in spec and set(spec) <= {"grad", "wrt"} and \
-        isinstance(spec.get("wrt", ""), str)
+    """``{"grad": SOURCE}`` or ``{"grad": SOURCE, "wrt": INPUT or [INPUTS]}``: the backward
+    pass of SOURCE (napkin.grad), every floating input's cotangent or those named."""
+    wrt = spec.get("wrt", "") if isinstance(spec, dict) else None
+    return isinstance(spec, dict) and "grad" in spec and set(spec) <= {"grad", "wrt"} and (
+        isinstance(wrt, str) or (isinstance(wrt, list) and bool(wrt)
+                                 and all(isinstance(w, str) for w in wrt)))
 
 
 def spec_label(spec) -> str:
     """How a certificate's algorithm is named in messages."""
     if is_grad_spec(spec):
-        wrt = f" with respect to {spec['wrt']}" if "wrt" in spec else ""
+        w = spec.get("wrt")
+        wrt = f" with respect to {', '.join(w) if isinstance(w, list) else w}" if w else ""
         return f"grad of {spec_label(spec['grad'])}{wrt}"
     if isinstance(spec, dict):
         return str(spec.get("from", repr(spec)))

@@ -692,7 +692,7 @@ def _run(args) -> int:
                                  sizes, args.dtype)
         pieces = opt.backward.pieces
         print(f"backward: {len(pieces)} programs (" + "; ".join(
-            f"d{n}: {len(o.search.best.tiles.launch)} kernel(s), "
+            f"{', '.join('d' + w for w in n)}: {len(o.search.best.tiles.launch)} kernel(s), "
             + " → ".join(m.rule + (f"({dict(m.params)['axis']})" if "axis" in dict(m.params)
                                    else "") for m in o.chain)
             for n, o in pieces) + f"); jax.grad max relative error vs the reference's "

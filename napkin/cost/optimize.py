@@ -179,16 +179,37 @@ class Tiles:
     multiples: dict
     candidates: dict
     evaluated: int
-    continuous: dict = field(default_factory=dict)
-    continuous_expr: dict = field(default_factory=dict)
-    transfers_continuous: float | None = None
-    canonical: Canonical | None = None
-    lower_bound: float | None = None
-    lower_bound_expr: sympy.Expr | None = None
-    lower_bound_ratio: float | None = None
-    lower_bound_ratio_continuous: float | None = None
+    # the continuous optimum, the canonical form and the bounds: worked out when first read
+    # (sympy: a fifth of a search's time went to the best program's), see ``_fill``
+    continuous: dict = field(init=False, repr=False, compare=False)
+    continuous_expr: dict = field(init=False, repr=False, compare=False)
+    transfers_continuous: float | None = field(init=False, repr=False, compare=False)
+    canonical: Canonical | None = field(init=False, repr=False, compare=False)
+    lower_bound: float | None = field(init=False, repr=False, compare=False)
+    lower_bound_expr: sympy.Expr | None = field(init=False, repr=False, compare=False)
+    lower_bound_ratio: float | None = field(init=False, repr=False, compare=False)
+    lower_bound_ratio_continuous: float | None = field(init=False, repr=False, compare=False)
     launch: list = field(default_factory=list)   # per kernel: warps, stages, smem, blocks...
     why: str = ""              # infeasible: the budget the chosen point breaks
+
+    def __getattr__(self, name):  # only for attributes not set: the lazy continuous ones
+        if name in _CONTINUOUS and "_fill" in self.__dict__:
+            fill = self.__dict__.pop("_fill")
+            for k, v in _CONTINUOUS.items():
+                self.__dict__.setdefault(k, v() if callable(v) else v)
+            fill(self)
+            return self.__dict__[name]
+        if name in _CONTINUOUS:
+            return _CONTINUOUS[name]() if callable(_CONTINUOUS[name]) else _CONTINUOUS[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __getstate__(self):  # pickled filled: the deferred work is a closure
+        if "_fill" in self.__dict__:
+            self.continuous  # noqa: B018
+        return self.__dict__
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
 
     def to_json(self, sizes: Mapping | None = None) -> dict:
         return {
@@ -391,6 +412,11 @@ class Grid:
         return out
 
 
+_CONTINUOUS = {"continuous": dict, "continuous_expr": dict, "transfers_continuous": None,
+               "canonical": None, "lower_bound": None, "lower_bound_expr": None,
+               "lower_bound_ratio": None, "lower_bound_ratio_continuous": None}
+
+
 def optimize_tiles(program, hardware=None, sizes: Mapping | None = None, dtype=None, *,
                    objective: str = "time", level: str | None = None,
                    power_of_two: bool = True, capacity: Mapping | None = None,
@@ -422,7 +448,8 @@ def optimize_tiles(program, hardware=None, sizes: Mapping | None = None, dtype=N
                 candidates=dict(g.cands), evaluated=int(g.n),
                 launch=g.launches.at(best) if g.launches is not None else [],
                 why=g.launches.why(best) if g.launches is not None else "")
-    _continuous(c, out, g.sizes, level, cap_level, g.mult)
+    sizes_at, mult = g.sizes, dict(g.mult)  # not the grid itself: it is large
+    out.__dict__["_fill"] = lambda t: _continuous(c, t, sizes_at, level, cap_level, mult)
     return out
 
 
