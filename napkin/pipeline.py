@@ -83,23 +83,37 @@ class Optimized:
     @functools.cached_property
     def backward(self) -> Backward:
         """The backward pass (:class:`Backward`): :func:`napkin.grad` of the algorithm with
-        respect to the floating inputs, one program per set of inputs with the same axes
-        (dK and dV, both [x, d], share one stream over the queries; dQ has its own),
-        searched like the forward on the same hardware, sizes and dtype."""
-        from napkin.certify.certificate import size_symbols
+        respect to the floating inputs, reading what :attr:`saving` saved (the outputs and
+        each softmax's L), one program per set of inputs with the same axes (dK and dV,
+        both [x, d], share one stream over the queries; dQ has its own), searched like the
+        forward on the same hardware, sizes and dtype."""
         from napkin.frontend.grad import grad
         pieces = []
         for names in backward_groups(self.algorithm):
             wrt = names[0] if len(names) == 1 else list(names)
-            diagram = grad(self.algorithm, wrt=wrt)
-            axes = size_symbols(diagram)
-            source = None if self.source is None else {"grad": self.source, "wrt": wrt}
-            pieces.append((names, optimize(
-                diagram, self.hardware, {k: v for k, v in self.sizes.items() if k in axes},
-                self.dtype, source=source, base=self.base)))
+            source = None if self.source is None else {"grad": self.source, "wrt": wrt,
+                                                       "residuals": True}
+            pieces.append((names, self._searched_like(
+                grad(self.algorithm, wrt=wrt, residuals=True), source)))
         wanted = {n for names, _ in pieces for n in names}
         return Backward(tuple(pieces), tuple(ob.name for ob in self.algorithm.dom.inside
                                              if ob.name in wanted))
+
+    @functools.cached_property
+    def saving(self) -> Optimized:
+        """The forward that also writes what the backward reads (napkin.frontend.grad
+        .residuals: its outputs, then each softmax's row logsumexp L), searched like this
+        one; the differentiated kernel runs it (a plain call runs this program)."""
+        from napkin.frontend.grad import residuals
+        source = None if self.source is None else {"residuals": self.source}
+        return self._searched_like(residuals(self.algorithm), source)
+
+    def _searched_like(self, diagram, source) -> Optimized:
+        from napkin.certify.certificate import size_symbols
+        axes = size_symbols(diagram)
+        return optimize(diagram, self.hardware, {k: v for k, v in self.sizes.items()
+                                                 if k in axes},
+                        self.dtype, source=source, base=self.base)
 
     def kernel(self, backend: str = "auto", *, interpret="auto", dtype: str | None = None):
         """The program as a JAX function with these tiles and launch parameters, and a
@@ -108,9 +122,10 @@ class Optimized:
         takes the kernel, else Triton), "triton" or "mosaic".  ``dtype``: the kernel's input
         and output dtype (default: the searched one)."""
         from napkin.lower.vjp import differentiable
-        return differentiable(self._forward_kernel(backend, interpret, dtype), self.algorithm,
-                              lambda: self.backward.kernel(backend, interpret=interpret,
-                                                           dtype=dtype))
+        return differentiable(
+            self._forward_kernel(backend, interpret, dtype), self.algorithm,
+            lambda: self.saving._forward_kernel(backend, interpret, dtype),
+            lambda: self.backward.kernel(backend, interpret=interpret, dtype=dtype))
 
     def _forward_kernel(self, backend, interpret, dtype):
         from napkin.lower import lower
@@ -160,6 +175,8 @@ class Optimized:
                                      tiles={t: shrunk(t, v) for t, v in self.tiles.items()})
         if "backward" in self.__dict__:  # searched already: the same structure, fitted too
             fitted.__dict__["backward"] = self.backward.fit(sizes)
+        if "saving" in self.__dict__:
+            fitted.__dict__["saving"] = self.saving.fit(sizes)
         return fitted
 
     def with_tiles(self, tiles: dict) -> Optimized:
@@ -174,8 +191,9 @@ class Optimized:
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise NapkinError(f"tile {name}={v!r} must be a positive integer")
         other = dataclasses.replace(self, tiles={**self.tiles, **tiles})
-        if "backward" in self.__dict__:  # the forward's tiles only: the same backward
-            other.__dict__["backward"] = self.backward
+        for kept in ("backward", "saving"):  # the forward's tiles only: the same backward
+            if kept in self.__dict__:
+                other.__dict__[kept] = self.__dict__[kept]
         return other
 
     @property
@@ -213,7 +231,9 @@ class Backward:
         return sum(o.search.best.time_s for _, o in self.pieces)
 
     def kernel(self, backend: str = "auto", *, interpret="auto", dtype: str | None = None):
-        """(inputs..., cotangents...) -> the floating inputs' cotangents, in input order."""
+        """(inputs..., saved..., cotangents...) -> the floating inputs' cotangents, in input
+        order (saved: what ``Optimized.saving`` wrote beyond the outputs' own — the floating
+        outputs, then each softmax's L)."""
         kernels = [(names, o._forward_kernel(backend, interpret, dtype))
                    for names, o in self.pieces]
 

@@ -130,3 +130,27 @@ def test_python_dash_m(tmp_path):
                           env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "attention" in proc.stdout and "rmsnorm_matmul" in proc.stdout
+
+
+def test_optimize_and_pseudocode_the_backward(capsys):
+    rc, out, err = run(capsys, "optimize", "attention", "--backward", "--size", "q=256",
+                       "--size", "x=256", "--size", "d=64")
+    assert rc == 0, err
+    assert "the backward of attention with respect to Q on" in out
+    assert "the backward of attention with respect to K, V on" in out
+    assert "backward: 2 programs" in out
+    rc, out, err = run(capsys, "pseudocode", "attention", "--backward", "--wrt", "Q",
+                       "--size", "q=256", "--size", "x=256", "--size", "d=64")
+    assert rc == 0, err
+    assert "dQ: the backward of attention" in out and "L0" in out  # reads the saved L
+    for argv in (("--wrt", "Q"), ("--backward", "--wrt", "nope")):
+        rc, out, err = run(capsys, "optimize", "attention", *argv)
+        assert rc != 0
+        assert_one_error_line(err)
+
+
+def test_run_backward_compares_the_gradients(capsys):
+    rc, out, err = run(capsys, "run", "attention", "--backward", "--size", "q=40",
+                       "--size", "x=56", "--size", "d=16")
+    assert rc == 0, err
+    assert "backward: 2 programs (dQ: " in out and "jax.grad max relative error" in out

@@ -9,6 +9,7 @@ import pytest
 import napkin as nk
 from napkin import ops
 from napkin.certify.certificate import size_symbols
+from napkin.frontend.grad import residuals
 from napkin.frontend.library import LIBRARY
 from proofs import prove_derivatives
 from proofs.vjp import WRONG, prove_wrong
@@ -82,6 +83,12 @@ def test_grad_of_library_algorithms_matches_jax_grad_of_the_reference(name):
     want = _vjp(alg.reference, xs, cts)
     assert len(got) == len(want)
     assert _rel(got, want) <= 1e-9
+    # from what the forward saves (its outputs, each softmax's L): the same cotangents
+    saved = _tuple(nk.evaluate(residuals(d), sizes)(*xs))
+    fl = [i for i, ob in enumerate(d.cod.inside) if ob.type.dtype.startswith("f")]
+    extra = [saved[i] for i in fl] + list(saved[len(ys):])
+    from_saved = _tuple(nk.evaluate(nk.grad(d, residuals=True), sizes)(*xs, *extra, *cts))
+    assert _rel(from_saved, want) <= 1e-9
 
 
 IMPORTED = {  # FlexAttention-style score_mods and the forms users write, from plain JAX

@@ -117,6 +117,8 @@ def test_the_backward_programs_certificates_replay():
     reports = opt.backward.check()
     assert len(reports) == 2 and all(r.ok for r in reports), reports  # dQ; dK and dV
     assert [names for names, _ in opt.backward.pieces] == [("Q",), ("K", "V")]
-    assert opt.backward.pieces[0][1].certificate.algorithm == {"grad": "attention", "wrt": "Q"}
-    assert opt.backward.pieces[1][1].certificate.algorithm == {"grad": "attention",
-                                                               "wrt": ["K", "V"]}
+    assert opt.backward.pieces[0][1].certificate.algorithm == {"grad": "attention", "wrt": "Q",
+                                                               "residuals": True}
+    assert opt.backward.pieces[1][1].certificate.algorithm["wrt"] == ["K", "V"]
+    assert opt.saving.check().ok  # the forward that saves L: its certificate replays too
+    assert opt.saving.certificate.algorithm == {"residuals": "attention"}

@@ -246,8 +246,14 @@ def load_algorithm(spec, base: Path | None = None) -> Source:
         return Source(spec, alg.diagram, alg.reference, alg.sample)
     if is_grad_spec(spec):  # a backward pass: napkin.grad of it (for one input, or all)
         from napkin.frontend.grad import grad
-        inner, wrt = load_algorithm(spec["grad"], base), spec.get("wrt")
-        return Source(spec_label(spec), lambda dtype="f32": grad(inner.build(dtype), wrt=wrt))
+        inner, wrt, saved = load_algorithm(spec["grad"], base), spec.get("wrt"), \
+            spec.get("residuals", False)
+        return Source(spec_label(spec), lambda dtype="f32": grad(inner.build(dtype), wrt=wrt,
+                                                                 residuals=saved))
+    if is_saving_spec(spec):  # the forward that saves what its backward reads
+        from napkin.frontend.grad import residuals
+        inner = load_algorithm(spec["residuals"], base)
+        return Source(spec_label(spec), lambda dtype="f32": residuals(inner.build(dtype)))
     path, name = algorithm_file(spec, base)
     label = spec["from"]
     module_name = f"_napkin_alg_{path.stem}"
@@ -507,9 +513,16 @@ def is_grad_spec(spec) -> bool:
     """``{"grad": SOURCE}`` or ``{"grad": SOURCE, "wrt": INPUT or [INPUTS]}``: the backward
     pass of SOURCE (napkin.grad), every floating input's cotangent or those named."""
     wrt = spec.get("wrt", "") if isinstance(spec, dict) else None
-    return isinstance(spec, dict) and "grad" in spec and set(spec) <= {"grad", "wrt"} and (
-        isinstance(wrt, str) or (isinstance(wrt, list) and bool(wrt)
-                                 and all(isinstance(w, str) for w in wrt)))
+    return isinstance(spec, dict) and "grad" in spec and \
+        set(spec) <= {"grad", "wrt", "residuals"} and \
+        isinstance(spec.get("residuals", False), bool) and (
+            isinstance(wrt, str) or (isinstance(wrt, list) and bool(wrt)
+                                     and all(isinstance(w, str) for w in wrt)))
+
+
+def is_saving_spec(spec) -> bool:
+    """``{"residuals": SOURCE}``: SOURCE's forward saving what its backward reads."""
+    return isinstance(spec, dict) and set(spec) == {"residuals"}
 
 
 def spec_label(spec) -> str:
@@ -517,7 +530,10 @@ def spec_label(spec) -> str:
     if is_grad_spec(spec):
         w = spec.get("wrt")
         wrt = f" with respect to {', '.join(w) if isinstance(w, list) else w}" if w else ""
-        return f"grad of {spec_label(spec['grad'])}{wrt}"
+        saved = " (from the saved residuals)" if spec.get("residuals") else ""
+        return f"grad of {spec_label(spec['grad'])}{wrt}{saved}"
+    if is_saving_spec(spec):
+        return f"{spec_label(spec['residuals'])} saving its residuals"
     if isinstance(spec, dict):
         return str(spec.get("from", repr(spec)))
     return spec if isinstance(spec, str) else repr(spec)
@@ -527,6 +543,8 @@ def _relative(spec, origin, folder):
     """``spec`` with its ``from`` file named relative to ``folder`` (a grad's, inside)."""
     if is_grad_spec(spec):
         return {**spec, "grad": _relative(spec["grad"], origin, folder)}
+    if is_saving_spec(spec):
+        return {"residuals": _relative(spec["residuals"], origin, folder)}
     if not isinstance(spec, dict):
         return spec
     file, _, name = spec["from"].rpartition(":")

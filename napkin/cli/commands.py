@@ -132,8 +132,9 @@ def load_with_source(spec: str | None, from_: str | None):
 def optimized(args, name, diagram, cert=None, sizes=None, wrt=None, **options):
     """napkin.optimize on a command's algorithm; its certificate names the algorithm as
     the command line did (a library name, --from FILE:NAME, or a certificate's own).
-    ``wrt``: the backward pass for that input instead (napkin.grad; its certificate names
-    ``{"grad": ..., "wrt": ...}``)."""
+    ``wrt``: the backward pass for that input (or list of inputs) instead, from what the
+    forward saves (napkin.grad with residuals; its certificate names ``{"grad": ...,
+    "wrt": ..., "residuals": true}``), as ``Optimized.backward`` runs it."""
     from napkin.pipeline import optimize
     if cert is not None:
         source, base = cert.algorithm, cert.origin
@@ -141,27 +142,35 @@ def optimized(args, name, diagram, cert=None, sizes=None, wrt=None, **options):
         source, base = ({"from": args.from_} if args.from_ else name), Path.cwd()
     if wrt is not None:
         from napkin.frontend.grad import grad
-        diagram, source = grad(diagram, wrt=wrt), {"grad": source, "wrt": wrt}
+        diagram = grad(diagram, wrt=wrt, residuals=True)
+        source = {"grad": source, "wrt": wrt, "residuals": True}
     return optimize(diagram, args.hardware, sizes, args.dtype, source=source, base=base,
                     **options)
 
 
 BACKWARD = (arg("--backward", action="store_true",
-                help="the backward pass instead: for each floating input (or --wrt), the "
-                     "program of its cotangent (napkin.grad)"),
+                help="the backward pass instead: for each group of floating inputs with the "
+                     "same axes (or --wrt), the program of their cotangents (napkin.grad)"),
             arg("--wrt", metavar="INPUT", help="with --backward: this input's cotangent only"))
 
 
+def _names(wrt) -> list:
+    return [wrt] if isinstance(wrt, str) else list(wrt)
+
+
 def backward_inputs(args, diagram) -> list:
-    """[None] (the forward) without --backward; else the inputs whose cotangents it asks."""
+    """[None] (the forward) without --backward; else the inputs whose cotangents it asks,
+    one entry per program: a name, or a list of names with the same axes
+    (napkin.pipeline.backward_groups)."""
     from napkin.core.primitives import FLOATING
+    from napkin.pipeline import backward_groups
     if not getattr(args, "backward", False):
         if getattr(args, "wrt", None):
             raise NapkinError("--wrt names an input of the backward pass: give --backward too")
         return [None]
     names = [ob.name for ob in diagram.dom.inside if ob.type.dtype in FLOATING]
     if args.wrt is None:
-        return names
+        return [g[0] if len(g) == 1 else list(g) for g in backward_groups(diagram)]
     if args.wrt not in names:
         raise NapkinError(f"--wrt {args.wrt}: not a floating input of the algorithm (its "
                           f"floating inputs: {', '.join(names)})")
@@ -376,7 +385,8 @@ def _optimize_to(args, cert, drawing, out) -> int:
     for wrt in targets:
         opt = optimized(args, name, diagram, loaded, sizes, wrt=wrt, max_states=args.max_states,
                         max_seconds=args.max_seconds, levels=args.levels)
-        label = name if wrt is None else f"the backward of {name} with respect to {wrt}"
+        label = name if wrt is None else \
+            f"the backward of {name} with respect to {', '.join(_names(wrt))}"
         _report_optimized(args, label, opt, sizes, cert, drawing, out)
         total += opt.search.best.time_s
     if len(targets) > 1:
@@ -828,7 +838,8 @@ def _pseudocode(args) -> int:
             sizes = sizes_for(diagram, parse_sizes(args.size), "--size")
             opt = optimized(args, name, diagram, sizes=sizes, wrt=wrt, levels=args.levels)
             program, tiles = opt.program, opt.search.best.tiles
-        title = str(name) if wrt is None else f"d{wrt}: the backward of {name}"
+        title = str(name) if wrt is None else \
+            f"{', '.join('d' + w for w in _names(wrt))}: the backward of {name}"
         print(pseudocode(program, hw2, sizes, tiles, args.dtype,
                          fmt="markdown" if args.markdown else "text", title=title))
     if args.hopper and targets == [None]:

@@ -611,10 +611,9 @@ class Softmax(Spec):
         return 5 * ins[0].numel  # max, subtract, exp, sum, divide
 
     def vjp(self, ad, ins, outs, xs, y, ct):
-        # P ⊙ (ct − Σ ct ⊙ P): a row that kept nothing (P = 0) gets 0; the row term is a
-        # contraction (a rule may reassociate it with the forward's P·V)
-        o = ad.ops
-        g = y * (ct - o.contract(ct, y, out=y.type.without(self.axis).names))
+        # P ⊙ (ct − Σ ct ⊙ P): a row that kept nothing (P = 0) gets 0; the row term Σ ct ⊙ P
+        # a contraction (or, with P·V saved, Σ dO ⊙ O: napkin.frontend.grad)
+        g = y * (ct - ad.row_term(ct, y, self.axis))
         return (ad.to(g, ins[0]) if ad.floating(ins[0]) else None,)
 
     def label(self):

@@ -20,9 +20,14 @@ from napkin.frontend.trace import Value, trace
 
 
 class Reverse:
-    """What a primitive's ``vjp`` builds with: napkin.ops, and the reshaping of a cotangent
-    onto an input's type."""
+    """What a primitive's ``vjp`` builds with: napkin.ops, the reshaping of a cotangent
+    onto an input's type, and a softmax's row term (:meth:`row_term`)."""
     ops = ops
+
+    @staticmethod
+    def row_term(ct: Value, p: Value, axis: str) -> Value:
+        """Σ_axis ct ⊙ P, a softmax's row term."""
+        return ops.contract(ct, p, out=p.type.without(axis).names)
 
     @staticmethod
     def floating(t: ArrayType) -> bool:
@@ -44,9 +49,58 @@ class Reverse:
         return ops.cast(v, t.dtype) if v.type.dtype != t.dtype else v
 
 
-def grad(diagram, wrt=None, name: str | None = None):
+class _Saved(Reverse):
+    """The row term of a softmax whose probabilities only a contraction with a saved output
+    reads (attention's O = P·V): Σ_x dP ⊙ P = Σ_{Y's other axes} dY ⊙ Y, the adjoint of the
+    contraction (P enters it linearly, once; Y keeps P's rows) — FlashAttention-2's
+    D = rowsum(dO ⊙ O), from the saved O instead of a pass over the keys."""
+
+    def __init__(self, dy: Value, y: Value):
+        self.dy, self.y = dy, y
+
+    def row_term(self, ct, p, axis):
+        return ops.contract(self.dy, self.y, out=p.type.without(axis).names)
+
+
+def residuals(diagram):
+    """The forward with what its backward saves (``grad(..., residuals=True)`` reads them):
+    its outputs, then each softmax's row logsumexp L = log Σ exp(S) over its axis, named
+    ``L<i>`` (the i-th softmax).  The forward's streams compute L with their own state (the
+    search fuses it into the softmax-contraction's stream)."""
+    g = view(diagram)
+    inputs = g.graph["inputs"]
+    pairs = [(g.nodes[v]["ob"].name, g.nodes[v]["ob"].type) for v in inputs]
+    order = op_order(g)
+
+    def forward(*args):
+        value = dict(zip(inputs, args))
+        saved = []
+        for n in order:
+            node = g.nodes[n]
+            ins = [value[v] for v in node["ins"]]
+            value.update(zip(node["outs"], ops.apply(
+                node["box"].spec, *ins, name=node["box"].name,
+                out_names=[g.nodes[v]["ob"].name for v in node["outs"]])))
+            if _plain_softmax(node["box"].spec):
+                saved.append(ops.logsumexp(ins[0], node["box"].spec.axis,
+                                           as_=f"L{len(saved)}"))
+        return [value[v] for v in g.graph["outputs"]] + saved
+    label = getattr(diagram, "name", "") or "algorithm"
+    return trace(forward, pairs, f"{label} with residuals")
+
+
+def _plain_softmax(spec) -> bool:
+    from napkin.core.primitives import Softmax
+    return type(spec) is Softmax
+
+
+def grad(diagram, wrt=None, name: str | None = None, residuals: bool = False):
     """The backward diagram of ``diagram`` (see the module doc).  ``wrt``: input names (or
-    positions) whose cotangents it outputs, default every floating input."""
+    positions) whose cotangents it outputs, default every floating input.  ``residuals``:
+    the backward of :func:`residuals`'s forward — its inputs the algorithm's, then its
+    floating outputs and the softmaxes' L (what the forward saved), then the cotangents;
+    a softmax is replayed as exp(S − L) from the saved L, and its row term read from a
+    saved output where only a contraction reads it (:class:`_Saved`)."""
     stopped = getattr(diagram, "stop_gradients", None)
     if stopped:
         raise NapkinError(f"grad: the function stops gradients {stopped[0]} "
@@ -60,23 +114,37 @@ def grad(diagram, wrt=None, name: str | None = None):
     seeded = [v for v in outputs if Reverse.floating(g.nodes[v]["ob"].type)]
     if not seeded:
         raise NapkinError("grad: the algorithm has no floating output to differentiate")
-    pairs = [(g.nodes[v]["ob"].name, g.nodes[v]["ob"].type) for v in inputs] + \
-        [(f"d{g.nodes[v]['ob'].name}", g.nodes[v]["ob"].type) for v in seeded]
     order = op_order(g)
+    softmaxes = [n for n in order if _plain_softmax(g.nodes[n]["box"].spec)] \
+        if residuals else []
+    saved = [(g.nodes[v]["ob"].name, g.nodes[v]["ob"].type) for v in seeded] + \
+        [(f"L{i}", g.nodes[g.nodes[n]["outs"][0]]["ob"].type.without(
+            g.nodes[n]["box"].spec.axis)) for i, n in enumerate(softmaxes)] \
+        if residuals else []
+    pairs = [(g.nodes[v]["ob"].name, g.nodes[v]["ob"].type) for v in inputs] + saved + \
+        [(f"d{g.nodes[v]['ob'].name}", g.nodes[v]["ob"].type) for v in seeded]
 
     def backward(*args):
         value = dict(zip(inputs, args))
+        at = len(inputs)
+        outs_in = dict(zip(seeded, args[at:at + len(seeded)])) if residuals else {}
+        ls = dict(zip(softmaxes, args[at + len(outs_in):at + len(outs_in) + len(softmaxes)]))
         for n in order:  # the forward, replayed
             node = g.nodes[n]
-            outs = ops.apply(node["box"].spec, *[value[v] for v in node["ins"]],
-                             name=node["box"].name,
+            ins = [value[v] for v in node["ins"]]
+            if n in ls:  # softmax from the saved L: exp(S − L), zero where the row kept none
+                p = ops.guard(ops.exp(ins[0] - ls[n]), ls[n],
+                              as_=g.nodes[node["outs"][0]]["ob"].name)
+                value[node["outs"][0]] = p
+                continue
+            outs = ops.apply(node["box"].spec, *ins, name=node["box"].name,
                              out_names=[g.nodes[v]["ob"].name for v in node["outs"]])
             value.update(zip(node["outs"], outs))
         cts: dict = {}
-        for v, seed in zip(seeded, args[len(inputs):]):
+        for v, seed in zip(seeded, args[len(args) - len(seeded):]):
             _accumulate(cts, v, seed)
         for i, n in reversed(list(enumerate(order))):
-            _reverse(g, n, i, value, cts)
+            _reverse(g, n, i, value, cts, _saved_row_term(g, n, outs_in, cts))
         return [cts[inputs[i]] if inputs[i] in cts else
                 ops.fill(g.nodes[inputs[i]]["ob"].type, 0.0) for i in want]
     label = getattr(diagram, "name", "") or "algorithm"
@@ -106,7 +174,28 @@ def _accumulate(cts: dict, v, ct: Value) -> None:
     cts[v] = ct if v not in cts else ops.add(cts[v], ct)  # a copy's reverse: a sum
 
 
-def _reverse(g, n, i: int, value: dict, cts: dict) -> None:
+def _saved_row_term(g, n, outs_in: dict, cts: dict):
+    """:class:`_Saved` for softmax op ``n`` when its probabilities are read by one
+    contraction only, once, whose output is a saved output keeping the softmax's rows."""
+    spec = g.nodes[n]["box"].spec
+    if not outs_in or not _plain_softmax(spec):
+        return Reverse
+    (p,) = g.nodes[n]["outs"]
+    readers = list(g.successors(p))
+    if len(readers) != 1 or p in g.graph["outputs"]:
+        return Reverse
+    m = g.nodes[readers[0]]
+    (y,) = m["outs"] if len(m["outs"]) == 1 else (None,)
+    if m["box"].spec.kind != "contract" or m["ins"].count(p) != 1 or y not in outs_in \
+            or y not in cts:
+        return Reverse
+    rows = set(g.nodes[p]["ob"].type.without(spec.axis).names)
+    if not rows <= set(g.nodes[y]["ob"].type.names):
+        return Reverse
+    return _Saved(cts[y], outs_in[y])
+
+
+def _reverse(g, n, i: int, value: dict, cts: dict, ad=Reverse) -> None:
     node = g.nodes[n]
     box, ins, outs = node["box"], node["ins"], node["outs"]
     if not any(v in cts for v in outs):
@@ -119,7 +208,7 @@ def _reverse(g, n, i: int, value: dict, cts: dict) -> None:
     in_types = tuple(g.nodes[v]["ob"].type for v in ins)
     out_types = (g.nodes[outs[0]]["ob"].type,)
     try:
-        grads = spec.vjp(Reverse, in_types, out_types, [value[v] for v in ins],
+        grads = spec.vjp(ad, in_types, out_types, [value[v] for v in ins],
                          value[outs[0]], cts[outs[0]])
     except NapkinError as e:
         raise NapkinError(f"grad: {where}: {e}") from None

@@ -1,40 +1,49 @@
 """A kernel with a derivative: ``jax.custom_vjp`` around a forward kernel, its backward the
 kernels of the derived backward pass (napkin.frontend.grad, searched and lowered like any
-program: ``Optimized.backward``).  The backward reads the forward's inputs and recomputes
-what it needs of the forward inside its own kernels (the derived diagram replays the
-forward; the search decides how it fuses), so the residuals are the inputs themselves.
-Integer inputs (labels, segment ids) get no cotangent, as in JAX."""
+program: ``Optimized.backward``).  Differentiated, the forward runs the program that also
+saves each softmax's row logsumexp (``Optimized.saving``); the backward reads the inputs,
+the floating outputs and those L, and recomputes the rest inside its own kernels.  Integer
+inputs (labels, segment ids) get no cotangent, as in JAX."""
 from __future__ import annotations
 
 from napkin.core.arrays import array_types
 from napkin.core.primitives import FLOATING
 
 
-def differentiable(forward, algorithm, backward_kernel):
+def differentiable(forward, algorithm, saving_kernel, backward_kernel):
     """``forward`` (a kernel: inputs -> output or tuple) made differentiable by
-    ``backward_kernel()`` (called once, when first differentiated: inputs, then one
-    cotangent per floating output -> the floating inputs' cotangents)."""
+    ``saving_kernel()`` (inputs -> the outputs, then what the backward reads beyond them)
+    and ``backward_kernel()`` (inputs, the floating outputs, the saved values, then one
+    cotangent per floating output -> the floating inputs' cotangents); both are built
+    once, when first differentiated."""
     import jax
     import jax.numpy as jnp
     ins, outs = array_types(algorithm.dom), array_types(algorithm.cod)
     floating_in = [i for i, t in enumerate(ins) if t.dtype in FLOATING]
     floating_out = [i for i, t in enumerate(outs) if t.dtype in FLOATING]
-    backward = []
+    built = {}
+
+    def once(key, make):
+        if key not in built:
+            built[key] = make()
+        return built[key]
 
     @jax.custom_vjp
     def kernel(*xs):
         return forward(*xs)
 
     def kernel_fwd(*xs):
-        return forward(*xs), xs
+        out = once("saving", saving_kernel)(*xs)
+        out = out if isinstance(out, tuple) else (out,)
+        ys, saved = out[:len(outs)], out[len(outs):]
+        return (ys if len(outs) > 1 else ys[0]), (xs, [ys[i] for i in floating_out], saved)
 
-    def kernel_bwd(xs, cts):
-        if not backward:
-            backward.append(backward_kernel())
+    def kernel_bwd(res, cts):
+        xs, ys, saved = res
         cts = cts if isinstance(cts, tuple) else (cts,)
         seeds = [jnp.zeros(jnp.shape(cts[i]), jnp.result_type(xs[0])) if cts[i] is None
                  else cts[i] for i in floating_out]
-        grads = backward[0](*xs, *seeds)
+        grads = once("backward", backward_kernel)(*xs, *ys, *saved, *seeds)
         grads = grads if isinstance(grads, tuple) else (grads,)
         got = dict(zip(floating_in, grads))
         return tuple(got[i].astype(jnp.result_type(x)) if i in got else None
