@@ -225,7 +225,65 @@ def prove() -> ProofResult:
 
 
 def prove_each() -> list[ProofResult]:
-    return [prove_case(c) for c in _cases()]
+    return [prove_case(c) for c in _cases()] + [prove_saved()]
+
+
+SAVED = ("attention", "causal_attention", "gqa", "softcap_attention")
+
+
+def _from_saved(name: str, wrong: bool = False) -> str:
+    """``grad(d, residuals=True)`` on what ``residuals(d)`` saves against ``grad(d)``,
+    entry by entry on symbolic inputs (``wrong``: L saved without the row maximum's share
+    — the logsumexp of the scores shifted by one)."""
+    from napkin.core.semantics import run
+    from napkin.frontend.grad import grad, residuals
+    from proofs._core import library, symbols
+    d = library(name)
+    sizes = {"q": 2, "x": 2, "d": 2, "k": 1, "r": 2}
+    ctx, xs = sym_ctx(sizes), sym_inputs(d, sizes)
+    saved = list(run(residuals(d), ctx, *xs))
+    if wrong:
+        saved[1] = saved[1] - 1
+    cts = [symbols(f"ct{k}", np.shape(y)) for k, y in enumerate(saved[:len(d.cod)])]
+    return compare(list(run(grad(d, residuals=True), ctx, *xs, *saved, *cts)),
+                   list(run(grad(d), ctx, *xs, *cts)), sizes)
+
+
+def prove_saved(wrong: bool = False) -> ProofResult:
+    """The backward from the saved residuals is the backward: a softmax replayed as
+    exp(S − L) from the saved L, and its row term Σ_x dP ⊙ P read as Σ dO ⊙ O — the
+    adjoint of the contraction O = P·V, in which P enters linearly and once — equal
+    napkin.grad's own cotangents, symbolically, for attention, causal attention, GQA and
+    soft-capped attention."""
+    rule = "wrong vjp: L saved off by one" if wrong else "vjp from saved residuals (L, O)"
+    proof = Proof(rule, MODULE, prove_saved.__doc__)
+    for name in SAVED[:1] if wrong else SAVED:
+        proof.check(f"{name}: the cotangents from L and O are napkin.grad's (sizes of 2)",
+                    lambda name=name: _from_saved(name, wrong), "symbolic")
+    proof.check("attention in float64 (JAX): the cotangents from L and O are napkin.grad's",
+                lambda: _numeric_saved(wrong), "numeric")
+    return proof.result()
+
+
+def _numeric_saved(wrong: bool) -> str:
+    import jax
+    from napkin.core.semantics import evaluate
+    from napkin.frontend.grad import grad, residuals
+    from proofs._core import library
+    d = library("attention")
+    sizes = {"q": 5, "x": 7, "d": 3}
+    rng = np.random.default_rng(3)
+    with jax.enable_x64(True):
+        xs = [rng.standard_normal(s) for s in ((5, 3), (7, 3), (7, 3))]
+        o, lse = evaluate(residuals(d), sizes)(*xs)
+        ct = rng.standard_normal((5, 3))
+        a = evaluate(grad(d, residuals=True), sizes)(*xs, o, lse - (1 if wrong else 0), ct)
+        b = evaluate(grad(d), sizes)(*xs, ct)
+    err = max(float(np.max(np.abs(np.asarray(u) - np.asarray(v))) / np.max(np.abs(v)))
+              for u, v in zip(a, b))
+    if not err <= 1e-12:
+        raise Failed(f"relative error {err:.2e}")
+    return f"relative error {err:.1e}"
 
 
 # --------------------------------------------------------------------------- wrong variants
@@ -283,4 +341,4 @@ def prove_wrong() -> list[ProofResult]:
     """The wrong derivatives, through the same checks: every result must be not ok."""
     cases = {c.name: c for c in _cases()}
     return [prove_case(cases[case], swap, f"wrong vjp: {name}")
-            for name, (case, swap) in WRONG.items()]
+            for name, (case, swap) in WRONG.items()] + [prove_saved(wrong=True)]

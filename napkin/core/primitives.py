@@ -480,7 +480,9 @@ class Zip(Spec):
         if tag == "NEG" and not other.has(axis) and \
                 ((self.fn in ("sub", "add") and port == 0) or (self.fn == "add" and port == 1)):
             return "NEG"  # shifted by a value constant along the axis: still about the fill
-        return "ZERO" if tag == "ZERO" and self.fn == "mul" else None
+        if tag == "ZERO" and (self.fn == "mul" or (self.fn == "guard" and port == 0)):
+            return "ZERO"  # 0·y = 0; guard(0, m) is 0 either way
+        return None
 
     def infer(self, ins):
         self.check_arity(ins)
@@ -712,7 +714,11 @@ class Mask(Spec):
     colour = "#f5d3d3"
 
     def absorbs(self, tag, port, ins, axis):
-        return "NEG" if tag == "NEG" and port == 0 else None
+        if port == 0 and tag == "NEG":
+            return "NEG"
+        if port == 0 and tag == "ZERO" and self.fill == 0:
+            return "ZERO"  # a backward's mask on a cotangent: zeros stay zeros
+        return None
 
     @property
     def n_in(self):

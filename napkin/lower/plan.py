@@ -236,7 +236,8 @@ def absorbing(update, axis: str) -> str | None:
     """Why masked entries of the update are *not* absorbed (None when they are).
 
     Tags follow the mask's output: NEG (masked positions hold the fill, about
-    −1e30) and ZERO (masked positions hold exactly 0).  NEG may be scaled by a
+    −1e30) and ZERO (masked positions hold exactly 0: a mask filling 0, a backward's on its
+    cotangent).  NEG may be scaled by a
     positive constant, shifted by a value without the streamed axis, re-masked
     or reduced by max / logsumexp over the axis; exp turns NEG into ZERO; ZERO
     may be multiplied and summed or contracted over the axis.  Each primitive
@@ -248,8 +249,11 @@ def absorbing(update, axis: str) -> str | None:
         spec = g.nodes[n].get("box") and g.nodes[n]["box"].spec
         if g.nodes[n]["kind"] == "op" and getattr(spec, "kind", None) == "mask" \
                 and spec.kind_ in ("causal", "window") and spec.k == axis:
+            if spec.fill == 0:  # a backward's mask on a cotangent: masked entries exactly 0
+                work += [(v, "ZERO") for v in g.nodes[n]["outs"]]
+                continue
             if spec.fill > -1e4:
-                return f"mask fill {spec.fill} is not a large negative"
+                return f"mask fill {spec.fill} is neither a large negative nor 0"
             work += [(v, "NEG") for v in g.nodes[n]["outs"]]
     return _leak(g, work, axis)
 
