@@ -6,7 +6,7 @@ at the 2,000-state limit (69–91 s) although their best was reached within the 
 hundred; sigmoid and linear attention split in two.  Now: recognition and recomputation
 are applied eagerly where they are exact (LayerNorm is RMSNorm of x − μ), a group replays
 a prologue on its broadcast inputs, the search dives to a first program and stops when
-150 states bring nothing 0.5 % better (``SearchResult.stopped``), and an alternative
+110 states bring nothing 0.5 % better (``SearchResult.stopped``), and an alternative
 that moves fewer bytes but loses says where the chip idles.  Wall times are measured in
 benchmarks/search.py (each row within 5 s on 2 cores); here, what the search returns."""
 import jax

@@ -45,7 +45,7 @@ from napkin.hardware import DTYPE_BYTES, get_hardware
 from napkin.core.region import Site, body_at
 from rewrites import RULES
 
-PATIENCE = 150  # states costed without a better program before the search stops (see search)
+PATIENCE = 110  # states costed without a better program before the search stops (see search)
 SIGNIFICANT = 0.005  # a better program resets the patience when it is this much faster
 
 
