@@ -8,6 +8,10 @@ what to keep), then walks them in reverse, asking each primitive for its vector-
 product (``Spec.vjp``, declared beside the primitive's other facts and proved in
 proofs/vjp.py) and summing the cotangents of a value read more than once — a copy's reverse
 is a sum.  Integer and boolean values carry no cotangent, as in JAX.
+
+``residuals(diagram)`` is the forward that also saves each softmax's row logsumexp, and
+``grad(..., residuals=True)`` the backward that reads it and the saved outputs (a softmax
+with a sink saves nothing yet: its backward recomputes).
 """
 from __future__ import annotations
 
