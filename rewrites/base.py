@@ -19,7 +19,8 @@ import sympy
 from napkin.core.arrays import ArrayType
 from napkin.core.errors import RuleError
 from napkin.core.memo import IdentityMemo
-from napkin.core.region import Site, region_key
+from napkin.core.ir import ops as op_order
+from napkin.core.region import Site, body_at, region_key
 
 
 _BUILT = IdentityMemo(20000)
@@ -32,6 +33,16 @@ def replacement(rule: str, params: tuple, reg, make):
     the same box lets the cost and fingerprint memos recognise the kernel."""
     wiring, held = region_key(reg)
     return _BUILT.get(held, make, (rule, params, wiring))
+
+
+def one_op(rule: str, program, site: Site, graph_of, what: str = "one box"):
+    """(graph of the body at ``site.path``, the op node) of a site that names one op;
+    a RuleError naming ``rule`` otherwise."""
+    g = graph_of(body_at(program, site.path))
+    order = op_order(g)
+    if len(site.ops) != 1 or not 0 <= site.ops[0] < len(order):
+        raise RuleError(f"{rule} applies at {what} (a site of one op)")
+    return g, order[site.ops[0]]
 
 
 class Rule:

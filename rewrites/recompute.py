@@ -24,7 +24,7 @@ from __future__ import annotations
 from napkin.core.errors import RuleError
 from napkin.core.ir import ops as op_order, to_diagram, to_graph, view
 from napkin.core.region import Site, body_at, replace_at
-from rewrites.base import Rule
+from rewrites.base import Rule, one_op
 
 
 def readers(graph, n) -> list:
@@ -70,11 +70,7 @@ class Recompute(Rule):
     def _find(self, program, site, params, graph_of=view):
         if params:
             raise RuleError(f"{self.name} takes no parameters; got {', '.join(sorted(params))}")
-        g = graph_of(body_at(program, site.path))
-        order = op_order(g)
-        if len(site.ops) != 1 or not 0 <= site.ops[0] < len(order):
-            raise RuleError(f"{self.name} applies at one box (a site of one op)")
-        n = order[site.ops[0]]
+        g, n = one_op(self.name, program, site, graph_of)
         box = g.nodes[n]["box"]
         if not self.recomputes(box.spec):
             raise RuleError(f"{self.name}: {box.name} is not {self.what} ({self.name} "

@@ -15,7 +15,7 @@ from napkin.core.ir import ops as op_order, to_diagram, to_graph, view
 from napkin.core.op import make_op
 from napkin.core.region import Site, body_at, replace_at
 from napkin.core.streamed import Group
-from rewrites.base import Rule
+from rewrites.base import Rule, one_op
 from rewrites.group_partition import nesting_reason
 
 
@@ -26,11 +26,7 @@ class RelabelLevel(Rule):
     relabels_levels = True
 
     def _find(self, program, site, params, graph_of=view):
-        g = graph_of(body_at(program, site.path))
-        order = op_order(g)
-        if len(site.ops) != 1 or not 0 <= site.ops[0] < len(order):
-            raise RuleError("relabel_level applies at one group box (a site of one op)")
-        n = order[site.ops[0]]
+        g, n = one_op(self.name, program, site, graph_of, "one group box")
         spec = g.nodes[n]["box"].spec
         if spec.kind != "group":
             raise RuleError(f"relabel_level: {g.nodes[n]['box'].name} is not a group")

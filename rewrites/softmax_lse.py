@@ -21,7 +21,7 @@ from napkin.core.ir import ops as op_order, to_diagram, to_graph, view
 from napkin.core.op import make_op
 from napkin.core.primitives import Map, Reduce, Softmax, Zip
 from napkin.core.region import Site, body_at, replace_at
-from rewrites.base import Rule
+from rewrites.base import Rule, one_op
 from rewrites.recompute import readers
 
 
@@ -34,11 +34,7 @@ class SoftmaxLse(Rule):
     def _find(self, program, site, params, graph_of=view):
         if params:
             raise RuleError(f"softmax_lse takes no parameters; got {', '.join(sorted(params))}")
-        g = graph_of(body_at(program, site.path))
-        order = op_order(g)
-        if len(site.ops) != 1 or not 0 <= site.ops[0] < len(order):
-            raise RuleError("softmax_lse applies at one box (a site of one op)")
-        n = order[site.ops[0]]
+        g, n = one_op(self.name, program, site, graph_of)
         spec = g.nodes[n]["box"].spec
         if type(spec) is not Softmax:
             raise RuleError(f"softmax_lse: {g.nodes[n]['box'].name} is not a softmax (without "

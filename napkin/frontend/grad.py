@@ -82,15 +82,20 @@ def residuals(diagram):
         for n in order:
             node = g.nodes[n]
             ins = [value[v] for v in node["ins"]]
-            value.update(zip(node["outs"], ops.apply(
-                node["box"].spec, *ins, name=node["box"].name,
-                out_names=[g.nodes[v]["ob"].name for v in node["outs"]])))
+            _replay(g, node, ins, value)
             if _plain_softmax(node["box"].spec):
                 saved.append(ops.logsumexp(ins[0], node["box"].spec.axis,
                                            as_=f"L{len(saved)}"))
         return [value[v] for v in g.graph["outputs"]] + saved
     label = getattr(diagram, "name", "") or "algorithm"
     return trace(forward, pairs, f"{label} with residuals")
+
+
+def _replay(g, node, ins, value: dict) -> None:
+    """Record op ``node`` of ``g`` again on ``ins``; its output values go into ``value``."""
+    value.update(zip(node["outs"], ops.apply(
+        node["box"].spec, *ins, name=node["box"].name,
+        out_names=[g.nodes[v]["ob"].name for v in node["outs"]])))
 
 
 def _plain_softmax(spec) -> bool:
@@ -141,9 +146,7 @@ def grad(diagram, wrt=None, name: str | None = None, residuals: bool = False):
                               as_=g.nodes[node["outs"][0]]["ob"].name)
                 value[node["outs"][0]] = p
                 continue
-            outs = ops.apply(node["box"].spec, *ins, name=node["box"].name,
-                             out_names=[g.nodes[v]["ob"].name for v in node["outs"]])
-            value.update(zip(node["outs"], outs))
+            _replay(g, node, ins, value)
         cts: dict = {}
         for v, seed in zip(seeded, args[len(args) - len(seeded):]):
             _accumulate(cts, v, seed)
