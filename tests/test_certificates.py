@@ -437,3 +437,21 @@ def test_a_certificate_carries_the_launch_the_model_chose():
             Certificate.from_dict({**data, "launch": bad})
     del data["launch"]  # certificates without one (older, or hand-written) still load
     assert Certificate.from_dict(data).launch == {}
+
+
+def test_a_stale_dtype_is_rejected(tmp_path):
+    """A builder that ignores its dtype makes the same diagram at every dtype, so editing a
+    certificate's dtype leaves its fingerprint as it was: the checker compares the dtype
+    with the diagram's own inputs."""
+    (tmp_path / "f32_only.py").write_text(
+        "from napkin.frontend.library import get\n\n\ndef build(dtype='f32'):\n"
+        "    return get('attention').diagram('f32')\n")
+    cert = derive({"from": "f32_only.py:build"}, [], {"q": 4, "x": 4, "d": 2}, {},
+                  base=tmp_path).to_dict()
+    cert["dtype"] = "bf16"
+    (tmp_path / "stale.json").write_text(json.dumps(cert))
+    report = check_certificate(tmp_path / "stale.json", numeric=False)
+    assert not report.ok and report.step == 0, str(report)
+    assert "says bf16" in report.reason and "f32 inputs" in report.reason
+    honest = derive("attention", [], {"q": 4, "x": 4, "d": 2}, {}, dtype="bf16")
+    assert check_certificate(honest.to_dict(), numeric=False).ok

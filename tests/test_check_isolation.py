@@ -2,12 +2,13 @@
 
 A ``{"from": "FILE:NAME"}`` certificate runs FILE's code.  Checked in the
 checker's own process, that code could rewrite a rule or the checker's
-tolerance and so change the verdict of every certificate checked after it, or
-end the run with its own exit status.  ``check_paths`` (what ``napkin check``
-uses) forks a fresh process per certificate from a server that never ran any
-certificate's code: these tests poison, exit, crash and stall such processes
-and watch the other certificates, the checker and the exit status stay as
-they were.
+tolerance and so change the verdict of its own certificate and of every one
+checked after it, or end the run with its own exit status.  ``check_paths``
+(what ``napkin check`` uses) runs FILE in a process of its own that hands back
+the diagram as data, and judges in another, forked from a server that never ran
+any certificate's code, which rebuilds the diagram with napkin's own primitives:
+these tests poison, exit, crash and stall such processes and watch every
+verdict, the checker and the exit status stay as they were.
 """
 from __future__ import annotations
 
@@ -126,11 +127,14 @@ def test_a_poisoned_certificate_cannot_change_the_others(poisoned):
     by_name = {Path(line.split()[1].rstrip(":")).name: line for line in lines}
     # the honest certificate, checked after the poisoned one: exactly as when alone
     assert _timeless(by_name["honest.json"]) == _timeless(f"ok   {here / 'honest.json'}: {alone}")
-    # the wrong derivation, after it: the tolerance is still the checker's own
+    # the wrong derivation, after it: its own file installs the wrong rule, but only in the
+    # process that builds its diagram; the judge replays napkin's rule, which makes another
+    # program at step 2
     assert by_name["wrong.json"].startswith("FAIL"), by_name["wrong.json"]
-    assert "numeric check" in by_name["wrong.json"] and "step 2" in by_name["wrong.json"]
-    # the poisoned certificate's file decided its own verdict only (it is
-    # trusted code: that is what a from-certificate trusts)
+    assert "step 2" in by_name["wrong.json"], by_name["wrong.json"]
+    # the poisoned certificate (attention, no steps) is judged by the checker's own rules and
+    # tolerances: what its file patched stayed in the process that ran it
+    assert by_name["poisoned.json"].startswith("ok"), by_name["poisoned.json"]
     assert (n_ok, n_fail) == (2, 1), lines
     # ... and nothing of it reached this process
     assert sc.SoftmaxContraction.update is update and napkin.certify.checker.RTOL == rtol
@@ -187,3 +191,67 @@ def test_a_certificate_past_its_time_limit_is_a_failure(quick, capsys):
         time.sleep(0.05)
     else:
         pytest.fail(f"process {pid} still runs")
+
+
+# What a `from` file may try besides the wrong rule and the blind checker: replace the
+# semantics, numpy's and jax.numpy's comparisons, or the checker module itself.
+PATCHES = {
+    "blind": BLIND_CHECKER,
+    "semantics": "import napkin.core.semantics as s\n"
+                 "s.evaluate = lambda *a, **k: (lambda *xs: 0.0)\n",
+    "numpy": "import numpy as np\nnp.max = lambda *a, **k: 0.0\nnp.abs = lambda x: 0 * x\n",
+    "jax_numpy": "import jax.numpy as jnp\njnp.asarray = lambda x, *a, **k: 0 * x\n",
+    "sys_modules": "import sys, types\nfake = types.ModuleType('napkin.certify.checker')\n"
+                   "sys.modules['napkin.certify.checker'] = fake\n",
+}
+
+
+@pytest.mark.parametrize("patch", sorted(PATCHES))
+def test_a_from_file_cannot_blind_the_judge_of_its_own_certificate(poisoned, patch):
+    """The issue's attack: the file swaps in the update without the rescale, derives the
+    FlashAttention chain with it, and patches the checker (or what it computes with) at
+    import.  Judged by `napkin check`, it fails at the step the wrong rule made; the same
+    patches in front of an honest derivation change nothing."""
+    here, _ = poisoned
+    (here / f"attack_{patch}.py").write_text(WRONG_RULE + PATCHES[patch] + BUILD)
+    wrong = json.loads((here / "wrong.json").read_text())
+    wrong["algorithm"] = {"from": f"attack_{patch}.py:build"}
+    (here / f"attack_{patch}.json").write_text(json.dumps(wrong))
+    (here / "honest_src.py").write_text(BUILD)
+    honest = derive({"from": "honest_src.py:build"}, FLASH, SIZES, TILES, base=here)
+    (here / f"patched_{patch}.py").write_text(PATCHES[patch] + BUILD)
+    data = honest.to_dict()
+    data["algorithm"] = {"from": f"patched_{patch}.py:build"}
+    (here / f"patched_{patch}.json").write_text(json.dumps(data))
+    n_ok, n_fail, lines = check_paths([here / f"attack_{patch}.json",
+                                       here / f"patched_{patch}.json"])
+    assert lines[0].startswith("FAIL") and "step 2" in lines[0], lines[0]
+    assert lines[1].startswith("ok") and "numeric max rel err" in lines[1], lines[1]
+
+
+def test_data_naming_code_or_unknown_kinds_is_rejected(quick):
+    """The process that runs the file hands back data; the judge rebuilds it only from
+    napkin's primitives: a spec kind it does not know is a rejection, in one line."""
+    forged = ("import napkin.core.serial as s\n_spec = s._spec\n"
+              "def forged(spec):\n    return {**_spec(spec), 'kind': 'os.system'}\n"
+              "s._spec = forged\n")
+    cert = _from_certificate(quick, "forged_kind", forged)
+    n_ok, n_fail, lines = check_paths([cert], numeric=False)
+    assert n_fail == 1 and "not one of napkin's primitives" in lines[0], lines
+
+
+def test_a_from_file_reference_is_still_compared(tmp_path):
+    """The file's reference runs where the file runs; the judge compares the diagram it
+    rebuilt with the reference's outputs: a reference that disagrees fails the check."""
+    (tmp_path / "ref.py").write_text(
+        "import numpy as np\nfrom napkin.frontend.library import Algorithm, get\n"
+        "att = get('attention')\n"
+        "good = Algorithm('good', 'attention', att.diagram, att.reference)\n"
+        "bad = Algorithm('bad', 'attention off by one', att.diagram,\n"
+        "                lambda Q, K, V: np.asarray(att.reference(Q, K, V)) + 1.0)\n")
+    for name in ("good", "bad"):
+        derive({"from": f"ref.py:{name}"}, FLASH, SIZES, TILES, base=tmp_path).save(
+            tmp_path / f"{name}.json")
+    n_ok, n_fail, lines = check_paths([tmp_path / "good.json", tmp_path / "bad.json"])
+    assert lines[0].startswith("ok"), lines[0]
+    assert lines[1].startswith("FAIL") and "reference" in lines[1], lines[1]

@@ -230,30 +230,34 @@ def algorithm_file(spec, base: Path | None = None) -> tuple[Path, str]:
     return path, name
 
 
-def load_algorithm(spec, base: Path | None = None) -> Source:
+def load_algorithm(spec, base: Path | None = None, prebuilt: dict | None = None) -> Source:
     """Resolve ``"name"`` (the library) or ``{"from": "FILE:NAME"}`` (a Python
     file, relative to ``base``; NAME is an Algorithm, a diagram, or a function
     dtype -> diagram).
 
-    A ``from`` file is trusted code: it runs here, in the calling process
-    (``napkin check`` runs each certificate in a process of its own).  What it
+    A ``from`` file is trusted code: it runs here, in the calling process.  What it
     raises or returns is reported as a :class:`CertificateError`: an exception
     (or ``sys.exit``) while loading it or building the diagram, a builder that
-    returns something other than a diagram."""
+    returns something other than a diagram.  ``prebuilt`` (what ``napkin check``
+    judges with): ``{"FILE:NAME": entry}`` of diagrams another process built and handed
+    back as data (:func:`build_entry`); a ``from`` spec is then rebuilt from that data
+    with napkin's own primitives, and no file is run here."""
     from napkin.frontend.library import Algorithm, get
     if isinstance(spec, str):
         alg = get(spec)
         return Source(spec, alg.diagram, alg.reference, alg.sample)
     if is_grad_spec(spec):  # a backward pass: napkin.grad of it (for one input, or all)
         from napkin.frontend.grad import grad
-        inner, wrt, saved = load_algorithm(spec["grad"], base), spec.get("wrt"), \
+        inner, wrt, saved = load_algorithm(spec["grad"], base, prebuilt), spec.get("wrt"), \
             spec.get("residuals", False)
         return Source(spec_label(spec), lambda dtype="f32": grad(inner.build(dtype), wrt=wrt,
                                                                  residuals=saved))
     if is_saving_spec(spec):  # the forward that saves what its backward reads
         from napkin.frontend.grad import residuals
-        inner = load_algorithm(spec["residuals"], base)
+        inner = load_algorithm(spec["residuals"], base, prebuilt)
         return Source(spec_label(spec), lambda dtype="f32": residuals(inner.build(dtype)))
+    if prebuilt is not None:
+        return _rebuilt(spec, prebuilt)
     path, name = algorithm_file(spec, base)
     label = spec["from"]
     module_name = f"_napkin_alg_{path.stem}"
@@ -285,6 +289,49 @@ def load_algorithm(spec, base: Path | None = None) -> Source:
         return Source(label, _checked_builder(obj, name))
     raise CertificateError(f"{label} is {_kind(obj)}: neither an Algorithm, a diagram nor a "
                            f"builder (a function dtype -> diagram)")
+
+
+def from_specs(spec) -> list[dict]:
+    """The ``{"from": ...}`` specs a certificate's algorithm names (inside grad and
+    residuals specs too): the code ``napkin check`` runs apart from its judgement."""
+    if is_grad_spec(spec):
+        return from_specs(spec["grad"])
+    if is_saving_spec(spec):
+        return from_specs(spec["residuals"])
+    return [spec] if isinstance(spec, dict) and "from" in spec else []
+
+
+def build_entry(spec, base: Path | None, dtype: str) -> tuple[dict, Source | None]:
+    """Run a ``from`` spec's file and build its diagram at ``dtype``: the data
+    :func:`load_algorithm` rebuilds it from (``{"dtype", "diagram"}``), or
+    ``{"error": the one line}`` when loading or building fails; and the Source loaded."""
+    from napkin.core.serial import to_data
+    try:
+        src = load_algorithm(spec, base)
+        return {"dtype": dtype, "diagram": to_data(src.build(dtype))}, src
+    except NapkinError as e:
+        return {"error": str(e)}, None
+    except BaseException as e:  # noqa: BLE001 - a user's file may raise anything
+        return {"error": f"building {spec_label(spec)} raised {type(e).__name__}: {e}"}, None
+
+
+def _rebuilt(spec, prebuilt: dict) -> Source:
+    """A ``from`` spec's diagram, rebuilt from the data another process handed back."""
+    from napkin.core.serial import from_data
+    label = spec.get("from") if isinstance(spec, dict) else None
+    entry = prebuilt.get(label) if isinstance(label, str) else None
+    if not isinstance(entry, dict):
+        raise CertificateError(f"algorithm {spec_label(spec)}: the process that runs its file "
+                               f"handed back no diagram for it")
+    if "error" in entry:
+        raise CertificateError(" ".join(str(entry["error"]).split())[:2000])
+    diagram, built = from_data(entry.get("diagram")), entry.get("dtype")
+
+    def build(dtype="f32"):
+        if dtype != built:
+            raise CertificateError(f"{label} was built at {built!r}, not {dtype!r}")
+        return diagram
+    return Source(label, build)
 
 
 class _NoBytecode(importlib.machinery.SourceFileLoader):

@@ -41,7 +41,7 @@ import sympy
 from napkin.certify.certificate import (Certificate, CertificateError, fingerprint, load_algorithm,
                                         size_symbols, spec_label)
 from napkin.core.errors import NapkinError
-from napkin.core.primitives import JNP_DTYPES
+from napkin.core.primitives import FLOATING, JNP_DTYPES
 from napkin.frontend.sampling import sample
 from napkin.core.semantics import evaluate
 from rewrites import RULES
@@ -216,13 +216,14 @@ def _run(program, env, xs, exact=True):
 
 
 def _run_all(original, final, reference, cases):
-    """For each case ``(env, inputs, the same inputs at the wires' dtypes)``, the
-    float64 inputs being the rounded ones: (original exact, final exact, reference,
-    final at the wires' dtypes), all cases in one compiled program."""
+    """For each case ``(env, inputs, the same inputs at the wires' dtypes, use_reference)``,
+    the float64 inputs being the rounded ones: (original exact, final exact, reference or
+    None, final at the wires' dtypes), all cases in one compiled program."""
     fns = [(evaluate(original, env, exact=True), evaluate(final, env, exact=True),
-            evaluate(final, env)) for env, _, _ in cases]
-    flat = [x for _, xs, low in cases for x in (*xs, *low)]
-    cuts = np.cumsum([0] + [2 * len(xs) for _, xs, _ in cases])
+            evaluate(final, env)) for env, _, _, _ in cases]
+    flat = [x for _, xs, low, _ in cases for x in (*xs, *low)]
+    cuts = np.cumsum([0] + [2 * len(xs) for _, xs, _, _ in cases])
+    refs = [reference if use else None for _, _, _, use in cases]
 
     def split(args):
         out = []
@@ -235,15 +236,44 @@ def _run_all(original, final, reference, cases):
         return [(w(*xs), o(*xs), d(*low)) for (w, o, d), (xs, low) in zip(fns, split(args))]
 
     def everything(*args):
-        return [(w, o, reference(*xs) if reference is not None else None, dl)
-                for (w, o, dl), (xs, _) in zip(napkin_side(*args), split(args))]
+        return [(w, o, ref(*xs) if ref is not None else None, dl)
+                for (w, o, dl), (xs, _), ref in zip(napkin_side(*args), split(args), refs)]
     try:
         return jax.jit(everything, compiler_options=_FAST_COMPILE)(*flat)
     except (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError,
             jax.errors.TracerBoolConversionError, jax.errors.TracerIntegerConversionError):
         # a reference that needs concrete values (numpy, Python control flow): run it as is
         sides = jax.jit(napkin_side, compiler_options=_FAST_COMPILE)(*flat)
-        return [(w, o, reference(*xs), dl) for (w, o, dl), (xs, _) in zip(sides, split(flat))]
+        return [(w, o, ref(*xs) if ref is not None else None, dl)
+                for (w, o, dl), (xs, _), ref in zip(sides, split(flat), refs)]
+
+
+def _inputs(original, case, rng, sampler, in_dtypes):
+    """The case's inputs (float64 values of the rounded ones; integer and bool inputs keep
+    their dtype) and the same inputs at the wires' dtypes."""
+    xs = sampler(rng, case.sizes) if sampler else sample(original, case.sizes, rng)
+    low = [jnp.asarray(np.asarray(x, np.float64), dt) for x, dt in zip(xs, in_dtypes)]
+    return [np.asarray(x, np.float64) if jnp.issubdtype(x.dtype, jnp.floating)
+            else np.asarray(x) for x in low], low
+
+
+def reference_runs(cert, src, original) -> list:
+    """Where a ``from`` file runs (never where it is judged): for each case the checker
+    will run, the inputs the file's own sampler draws and its reference's outputs on them
+    — ``[(case index, inputs, outputs or None)]``.  The judge evaluates the diagram it
+    rebuilt on these too and compares it with the outputs; it trusts them for nothing
+    else (its own random inputs decide whether the program equals the diagram)."""
+    if src.reference is None and src.sample is None:
+        return []
+    _, programs = replay(cert, src)
+    in_dtypes = [JNP_DTYPES[ob.type.dtype] for ob in original.dom.inside]
+    out = []
+    with jax.enable_x64(True):
+        for i, case in enumerate(check_cases(cert, programs)):
+            xs, _ = _inputs(original, case, np.random.default_rng(i), src.sample, in_dtypes)
+            ref = src.reference(*xs) if src.reference is not None else None
+            out.append((i, xs, None if ref is None else _outputs(ref)))
+    return out
 
 
 def _outputs(y):
@@ -289,6 +319,9 @@ def replay(cert: Certificate, src=None):
         raise CheckFailure(0, f"source fingerprint mismatch: the algorithm {_label(cert)} "
                               f"({cert.dtype}) is not the one the certificate was made from "
                               f"(recorded {_short(cert.source)}, rebuilt {_short(got)})")
+    stale = _dtype_disagreement(original, cert.dtype)
+    if stale:
+        raise CheckFailure(0, stale)
     axes = size_symbols(original)
     for name in sorted(axes):
         v = cert.sizes.get(name)
@@ -341,36 +374,58 @@ def replay(cert: Certificate, src=None):
     return original, programs
 
 
+def _dtype_disagreement(diagram, dtype: str) -> str:
+    """Why a certificate's ``dtype`` is not the one its algorithm's diagram is at ("" when
+    it is): the narrowest floating input must be at that dtype (a builder that ignores the
+    dtype it is asked for makes the same diagram at every dtype, so the fingerprint alone
+    cannot tell an edited dtype)."""
+    floating = [ob.type.dtype for ob in diagram.dom.inside if ob.type.dtype in FLOATING]
+    if not floating:
+        return ""
+    order = ("fp8", "bf16", "f16", "f32", "f64")
+    narrowest_in = min(floating, key=order.index)
+    if narrowest_in == dtype:
+        return ""
+    return (f"dtype: the certificate says {dtype}, but its algorithm's diagram takes "
+            f"{narrowest_in} inputs (a certificate is checked at the dtype it was derived at)")
+
+
 def _label(cert):
     return spec_label(cert.algorithm)
 
 
-def _numeric(cert, src, original, programs):
-    """Stage 3; returns the worst relative errors (exact, at the wires' dtypes)."""
+def _numeric(cert, src, original, programs, given=()):
+    """Stage 3; returns the worst relative errors (exact, at the wires' dtypes).  ``given``:
+    :func:`reference_runs` from the process that ran a ``from`` file, checked besides."""
     final = programs[-1] if programs else original
     cases = check_cases(cert, programs)
     in_dtypes = [JNP_DTYPES[ob.type.dtype] for ob in original.dom.inside]
     low_rtol = DTYPE_RTOL.get(narrowest(original), RTOL)
     worst = worst_low = 0.0
     with jax.enable_x64(True):
-        runs = []
+        runs, at_case, given_refs = [], [], []
         try:
             for i, case in enumerate(cases):
-                rng = np.random.default_rng(i)
-                xs = (src.sample(rng, case.sizes) if src.sample
-                      else sample(original, case.sizes, rng))
-                low = [jnp.asarray(np.asarray(x, np.float64), dt) for x, dt in zip(xs, in_dtypes)]
-                # the exact check runs on the rounded values too: any float64 input will do;
-                # integer and bool inputs (labels, indices) keep their dtype
-                xs = [np.asarray(x, np.float64) if jnp.issubdtype(x.dtype, jnp.floating)
-                      else np.asarray(x) for x in low]
-                runs.append((case.env, xs, low))
+                xs, low = _inputs(original, case, np.random.default_rng(i), src.sample,
+                                  in_dtypes)
+                runs.append((case.env, xs, low, src.reference is not None))
+                at_case.append(case)
+                given_refs.append(None)
+            for i, xs, ref in _given_runs(given, cases, original, in_dtypes):
+                low = [jnp.asarray(x, dt) for x, dt in zip(xs, in_dtypes)]
+                runs.append((cases[i].env, xs, low, False))
+                at_case.append(cases[i])
+                given_refs.append(ref)
             results = _run_all(original, final, src.reference, runs)
+        except CheckFailure:
+            raise
         except Exception as e:  # noqa: BLE001 - any failure to evaluate is a failed check
             raise CheckFailure(None, f"numeric check: evaluation failed at "
                                      f"{'; '.join(f'{c.what} {c.env}' for c in cases)}: "
                                      f"{type(e).__name__}: {_first_line(e)}") from None
-        for case, (env, xs, _), (want, got, ref, got_low) in zip(cases, runs, results):
+        results = [(w, o, ref if ref is not None else g, dl) for (w, o, ref, dl), g
+                   in zip(results, given_refs)]
+        for case, (env, xs, _, _), (want, got, ref, got_low) in zip(at_case, runs, results):
             at = f"{case.what} {case.env}"
             err = _rel_error(got, want)
             if err > RTOL:
@@ -401,6 +456,23 @@ def _numeric(cert, src, original, programs):
     return worst, worst_low
 
 
+def _given_runs(given, cases, original, in_dtypes):
+    """The runs another process handed back, each checked to be inputs of the right shapes
+    and kinds for one of the checker's own cases (anything else fails the check)."""
+    for i, xs, ref in given:
+        if not (type(i) is int and 0 <= i < len(cases)) or len(xs) != len(in_dtypes):
+            raise CheckFailure(None, "numeric check: the process that ran the algorithm's "
+                                     "file handed back inputs for no case the checker runs")
+        want = sample(original, cases[i].sizes, np.random.default_rng(0))
+        for x, w in zip(xs, want):
+            if x.shape != w.shape or x.dtype.kind not in "biuf" or \
+                    (x.dtype.kind == "f") != (w.dtype.kind == "f"):
+                raise CheckFailure(None, f"numeric check: the algorithm's own sampler gave an "
+                                         f"input of shape {x.shape} ({x.dtype}) where the "
+                                         f"diagram takes {w.shape} ({w.dtype})")
+        yield i, [np.asarray(x, np.float64) if x.dtype.kind == "f" else x for x in xs], ref
+
+
 def _first_line(e) -> str:
     return " ".join(str(e).split("\n")[0].split())[:300]
 
@@ -416,12 +488,16 @@ def _first_bad_step(cert, programs, want, xs, env):
     return None, None
 
 
-def check_certificate(cert, *, numeric: bool = True, name: str = "") -> CheckReport:
+def check_certificate(cert, *, numeric: bool = True, name: str = "", prebuilt=None,
+                      given=()) -> CheckReport:
     """Re-verify a certificate (a :class:`Certificate`, a dict, JSON text or a path).
 
     In the calling process: a ``{"from": "FILE:NAME"}`` certificate runs FILE's
-    code here, where it can change anything (rules, tolerances, later checks);
-    :func:`check_paths` checks each certificate in a process of its own."""
+    code here, where it can change anything (rules, tolerances, later checks) —
+    unless ``prebuilt`` holds its diagram as data, built elsewhere
+    (napkin.certify.certificate.build_entry), with ``given`` that process's
+    :func:`reference_runs`.  ``napkin check`` (napkin.certify.isolate) does so: the
+    file runs in a process of its own, and the judging one never imports it."""
     t0 = time.perf_counter()
     try:
         if isinstance(cert, Path) or (isinstance(cert, str) and not cert.lstrip().startswith("{")):
@@ -438,12 +514,13 @@ def check_certificate(cert, *, numeric: bool = True, name: str = "") -> CheckRep
     report = CheckReport(False, name, n_steps=len(cert.steps))
     try:
         try:
-            src = load_algorithm(cert.algorithm, cert.origin)
+            src = load_algorithm(cert.algorithm, cert.origin, prebuilt)
         except NapkinError as e:
             raise CheckFailure(0, f"algorithm: {e}") from None
         original, programs = replay(cert, src)
         if numeric:
-            report.max_error, report.dtype_error = _numeric(cert, src, original, programs)
+            report.max_error, report.dtype_error = _numeric(cert, src, original, programs,
+                                                            given)
             report.dtype = narrowest(original)
         report.ok = True
     except CheckFailure as f:
@@ -454,4 +531,5 @@ def check_certificate(cert, *, numeric: bool = True, name: str = "") -> CheckRep
     return report
 
 
-__all__ = ["CheckReport", "DTYPE_RTOL", "RTOL", "check_cases", "check_certificate"]
+__all__ = ["CheckReport", "DTYPE_RTOL", "RTOL", "check_cases", "check_certificate",
+           "reference_runs"]

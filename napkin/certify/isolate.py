@@ -28,8 +28,12 @@ from pathlib import Path
 # No napkin import at the top: `napkin check` imports this module, starts the
 # server (which imports napkin.certify.checker, seconds), and only then imports the rest.
 DEFAULT_TIMEOUT_S = 600.0
-_PRELOAD = ["napkin.certify.checker", "napkin.certify.isolate"]
+# everything the judging process runs is imported before any file runs (the server forks
+# every process from these modules, loaded once)
+_PRELOAD = ["napkin.certify.checker", "napkin.certify.isolate", "napkin.core.serial",
+            "napkin.frontend.grad"]
 _VERDICT_LIMIT = 1 << 16   # bytes
+_BUILT_LIMIT = 1 << 26     # bytes of a diagram (and its reference's runs) handed back
 _GRACE_S = 5.0             # for a process to end after handing back its verdict
 
 
@@ -121,43 +125,93 @@ def check_isolated(path, *, numeric: bool = True, name: str = "",
     :func:`checking_context`) and return its report.  A process that exits,
     crashes or is killed without handing back a verdict, or has none within
     ``timeout`` seconds (default :data:`DEFAULT_TIMEOUT_S`; it is then
-    killed), gives a failed report saying so."""
+    killed), gives a failed report saying so.
+
+    A certificate whose algorithm is a ``from`` file is judged without running
+    that file beside the judgement: a first process runs the file and hands back
+    its diagram as data (napkin.core.serial) with, where the file has them, its
+    sampler's inputs and its reference's outputs; the judging process rebuilds
+    the diagram from that data with napkin's own primitives and never imports
+    the file, so nothing the file does can change the verdict."""
     from napkin.certify.checker import CheckReport
     name = name or str(path)
     timeout = DEFAULT_TIMEOUT_S if timeout is None else float(timeout)
     t0 = time.perf_counter()
+    deadline = time.monotonic() + timeout
 
     def failed(line: str) -> CheckReport:
         return CheckReport(False, name, line=line, seconds=time.perf_counter() - t0)
+    absolute = str(Path(path).absolute())
+    built = None
+    if _runs_a_file(absolute):
+        built, why = _in_child(_build_in_child, (absolute, numeric, _os.getcwd()), name,
+                               deadline, _BUILT_LIMIT, timeout)
+        if built is None:
+            if why.startswith("timed out"):
+                return failed(f"{why} (while its algorithm's file ran)")
+            return failed(f"no verdict: the process that runs its algorithm's file {why}")
+        if not _well_formed(built):
+            return failed("the process that runs its algorithm's file handed back malformed "
+                          "data (want one JSON object: the diagram it built)")
+    data, why = _in_child(_check_in_child, (absolute, name, numeric, _os.getcwd(), built),
+                          name, deadline, _VERDICT_LIMIT, timeout)
+    report = _parse_verdict(data, name) if data else None
+    if report is not None:
+        return report
+    if why.startswith("timed out"):
+        return failed(why)
+    if data:
+        return failed("the process checking it handed back a malformed verdict")
+    return failed(f"no verdict: the process checking it {why}")
+
+
+def _runs_a_file(path: str) -> bool:
+    """Whether the certificate at ``path`` names a ``from`` file (False when it cannot
+    be read: the checking process reports why)."""
+    from napkin.certify.certificate import Certificate, from_specs
+    try:
+        return bool(from_specs(Certificate.load(Path(path)).algorithm))
+    except Exception:  # noqa: BLE001 - a malformed certificate: its check says so
+        return False
+
+
+def _well_formed(data: bytes) -> bool:
+    try:
+        v = _json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return False
+    return isinstance(v, dict) and set(v) == {"built", "runs", "error"}
+
+
+def _in_child(target, args, name: str, deadline: float, limit: int, timeout: float):
+    """Run ``target(writer, *args)`` in a process of the checking context and return
+    (the first line it wrote or None, why there is none)."""
     try:
         ctx = checking_context()
         reader, writer = ctx.Pipe(duplex=False)
     except OSError as e:
-        return failed(f"could not start a process to check it: {e}")
-    proc = ctx.Process(target=_check_in_child, name=f"napkin check {name}",
-                       args=(writer, str(Path(path).absolute()), name, numeric, _os.getcwd()))
+        return None, f"could not start: {e}"
+    proc = ctx.Process(target=target, name=f"napkin check {name}", args=(writer, *args))
     try:
         try:
             with _bare_main():
                 proc.start()
         except (OSError, EOFError, ValueError, RuntimeError) as e:  # e.g. the server died
-            return failed(f"could not start a process to check it: {type(e).__name__}: {e}")
+            return None, f"could not start: {type(e).__name__}: {e}"
         finally:
             writer.close()
-        data, timed_out = _read_verdict(proc, reader, time.monotonic() + timeout)
-        report = _parse_verdict(data, name) if data else None
-        if report is not None:
+        data, timed_out = _read_verdict(proc, reader, deadline, limit)
+        if data and not timed_out:
             proc.join(_GRACE_S)
-            return report
+            return data, ""
         if timed_out:
-            return failed(f"timed out: no verdict within {timeout:g} s (the time limit, "
+            return None, (f"timed out: no verdict within {timeout:g} s (the time limit, "
                           f"napkin check --timeout); its checking process was stopped")
         proc.join(_GRACE_S)
         if data:
-            return failed("the process checking it handed back a malformed verdict")
-        return failed(f"no verdict: the process checking it {_ended(proc.exitcode)} before "
-                      f"handing one back (a crash, or code in its algorithm file that ended "
-                      f"the process)")
+            return data, ""
+        return None, (f"{_ended(proc.exitcode)} before handing anything back (a crash, or "
+                      f"code in its algorithm file that ended the process)")
     finally:
         reader.close()
         if proc.pid is not None and proc.exitcode is None:
@@ -165,7 +219,7 @@ def check_isolated(path, *, numeric: bool = True, name: str = "",
             proc.join()
 
 
-def _read_verdict(proc, reader, deadline: float) -> tuple[bytes, bool]:
+def _read_verdict(proc, reader, deadline: float, limit: int) -> tuple[bytes, bool]:
     """The first line the child writes (b"" if none) and whether time ran out
     first; never blocks past ``deadline``."""
     fd = reader.fileno()
@@ -182,7 +236,7 @@ def _read_verdict(proc, reader, deadline: float) -> tuple[bytes, bool]:
             if not chunk:
                 return True
             buf.extend(chunk)
-            if b"\n" in buf or len(buf) > _VERDICT_LIMIT:
+            if b"\n" in buf or len(buf) > limit:
                 return True
     while True:
         left = deadline - time.monotonic()
@@ -241,24 +295,102 @@ def _ended(code) -> str:
     return f"exited with status {code}"
 
 
-def _check_in_child(writer, path: str, name: str, numeric: bool, cwd: str) -> None:
-    """In the checking process: check one certificate; write its report as one JSON line."""
-    from napkin.certify.checker import check_certificate
+def _as_child(cwd: str) -> None:
     _signal.signal(_signal.SIGINT, _signal.SIG_IGN)  # ^C: the parent stops this process
     try:
         _os.dup2(2, 1)  # stdout carries the checker's lines only; a from-file's prints: stderr
         _os.chdir(cwd)  # where the parent is (the server's directory may differ)
     except OSError:
         pass
-    report = check_certificate(Path(path), numeric=numeric, name=name)
-    fields = {f.name: getattr(report, f.name) for f in dataclasses.fields(report)}
-    data = (_json.dumps({k: v for k, v in fields.items()
-                         if v is None or isinstance(v, (bool, int, float, str))})
-            + "\n").encode("utf-8")
+
+
+def _write_line(writer, obj) -> None:
+    data = (_json.dumps(obj) + "\n").encode("utf-8")
     fd = writer.fileno()
     while data:
         data = data[_os.write(fd, data):]
     writer.close()
+
+
+def _build_in_child(writer, path: str, numeric: bool, cwd: str) -> None:
+    """In the process that runs a certificate's ``from`` file (and nothing else): build
+    its diagram at the certificate's dtype and hand it back as data, with its sampler's
+    inputs and its reference's outputs for the checker's cases (the judge compares the
+    diagram with them)."""
+    _as_child(cwd)
+    out = {"built": {}, "runs": [], "error": None}
+    try:
+        from napkin.certify.certificate import Certificate, build_entry, from_specs
+        from napkin.certify.checker import reference_runs
+        cert = Certificate.load(Path(path))
+        for spec in from_specs(cert.algorithm):
+            entry, src = build_entry(spec, cert.origin, cert.dtype)
+            out["built"][spec["from"]] = entry
+            if numeric and src is not None and spec is cert.algorithm:
+                try:
+                    out["runs"] = [[i, [_array(x) for x in xs],
+                                    None if ys is None else [_array(y) for y in ys]]
+                                   for i, xs, ys in reference_runs(cert, src, src.build(
+                                       cert.dtype))]
+                except BaseException as e:  # noqa: BLE001 - a user's sampler or reference
+                    out["error"] = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+    except BaseException as e:  # noqa: BLE001 - report, as one line, whatever ended it
+        out["error"] = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+    _write_line(writer, out)
+
+
+def _array(x) -> str:
+    import base64
+    import io
+
+    import numpy as np
+    buf = io.BytesIO()
+    np.save(buf, np.asarray(x), allow_pickle=False)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _read_built(built: bytes | None):
+    """(prebuilt diagrams, given runs, error) from the data the file's process handed back;
+    arrays are read without pickles (a value that is not a plain array is refused)."""
+    if built is None:
+        return None, (), None
+    import base64
+    import io
+
+    import numpy as np
+    v = _json.loads(built.decode("utf-8"))
+    runs = []
+    for run in v["runs"] if isinstance(v["runs"], list) else ():
+        i, xs, ys = run
+        read = lambda a: np.load(io.BytesIO(base64.b64decode(a, validate=True)),  # noqa: E731
+                                 allow_pickle=False)
+        runs.append((i, [read(a) for a in xs], None if ys is None else tuple(read(a) for a in ys)))
+    return (v["built"] if isinstance(v["built"], dict) else {}), runs, v["error"]
+
+
+def _check_in_child(writer, path: str, name: str, numeric: bool, cwd: str,
+                    built: bytes | None = None) -> None:
+    """In the checking process: check one certificate; write its report as one JSON line.
+    ``built``: the diagram data the file's own process handed back (the file never runs
+    here)."""
+    from napkin.certify.checker import CheckReport, check_certificate
+    _as_child(cwd)
+    try:
+        prebuilt, given, error = _read_built(built)
+    except Exception as e:  # noqa: BLE001 - data from a process that ran user code
+        report = CheckReport(False, name, 0, None, f"algorithm: the process that runs its file "
+                                                   f"handed back unreadable data "
+                                                   f"({type(e).__name__})")
+    else:
+        if error and numeric:
+            report = CheckReport(False, name, None, None, f"numeric check: the algorithm's "
+                                                          f"sampler or reference failed: {error}")
+        else:
+            report = check_certificate(Path(path), numeric=numeric, name=name,
+                                       prebuilt=prebuilt, given=given)
+    fields = {f.name: getattr(report, f.name) for f in dataclasses.fields(report)}
+    _write_line(writer, {k: v for k, v in fields.items()
+                         if v is None or isinstance(v, (bool, int, float, str))})
 
 
 __all__ = ["DEFAULT_TIMEOUT_S", "check_isolated", "check_paths", "checking_context", "start_server"]
