@@ -48,7 +48,17 @@ class JaxBackend:
     multiply, divide = staticmethod(_promoting(jnp.multiply)), staticmethod(_promoting(jnp.divide))
     maximum, minimum = staticmethod(_promoting(jnp.maximum)), staticmethod(_promoting(jnp.minimum))
     power = staticmethod(_promoting(jnp.power))
-    sum, max, mean = jnp.sum, jnp.max, jnp.mean
+    sum, mean = jnp.sum, jnp.mean
+
+    @staticmethod
+    def max(x, axis=None):
+        """The maximum; NaN where a NaN is among the entries, at every size (XLA's CPU
+        reduction drops NaN once it vectorises, from about 64 entries: the meaning would
+        then depend on the size)."""
+        m = jnp.max(x, axis)
+        if jnp.issubdtype(jnp.result_type(x), jnp.floating):
+            m = jnp.where(jnp.any(jnp.isnan(x), axis), jnp.asarray(jnp.nan, m.dtype), m)
+        return m
     transpose, reshape, arange = jnp.transpose, jnp.reshape, jnp.arange
     where = staticmethod(_promoting(jnp.where))
     concatenate, stack = jnp.concatenate, jnp.stack
