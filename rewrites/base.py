@@ -12,6 +12,8 @@ the reductions it recognises.
 """
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass, field
 
 import sympy
@@ -49,6 +51,16 @@ class Rule:
     name: str = ""
     summary: str = ""
     proof: str = ""
+    # the parameters it takes: check and apply refuse any other, alike for every rule (a
+    # certificate's step with a stray parameter is not the step the rule was proved for)
+    params: tuple = ()
+
+    def __init_subclass__(cls, **kw):
+        super().__init_subclass__(**kw)
+        for name in ("check", "apply"):
+            f = cls.__dict__.get(name)
+            if f is not None:
+                setattr(cls, name, _refusing_unknown(f))
     # Traits the search (napkin.search) reads, so that it never names a rule:
     # wraps its site in a group over params["axis"] (the search's symmetry reductions apply)
     groups_axis: bool = False
@@ -71,6 +83,18 @@ class Rule:
     def candidates(self, program, path=()):
         """(site, params) proposals in the body at ``path``; premises unchecked."""
         return iter(())
+
+
+def _refusing_unknown(f):
+    @functools.wraps(f)
+    def guarded(self, program, site, params):
+        extra = sorted(map(str, set(params) - set(self.params)))
+        if extra:
+            takes = (f"the parameter{'s' if len(self.params) > 1 else ''} "
+                     f"{', '.join(self.params)}" if self.params else "no parameters")
+            raise RuleError(f"{self.name} takes {takes}; got also {', '.join(extra)}")
+        return f(self, program, site, params)
+    return guarded
 
 
 @dataclass

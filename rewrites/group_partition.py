@@ -108,6 +108,7 @@ def nesting_reason(boxes, axis: str, level: str) -> str | None:
 
 class GroupPartition(Rule):
     name = "group_partition"
+    params = ("axis", "size", "level")
     summary = "tile a woven axis: run the region once per group of g entries at a lower level"
     proof = "proofs.group_partition"
     groups_axis = True

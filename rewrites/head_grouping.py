@@ -19,6 +19,7 @@ from rewrites.group_partition import GroupPartition
 
 class HeadGrouping(Rule):
     name = "head_grouping"
+    params = ("axis", "size", "level")
     summary = "GQA/MQA: group the KV-head axis so the r query heads sharing it stay together"
     proof = "proofs.group_partition"
     groups_axis = True

@@ -330,6 +330,7 @@ TABLE: tuple[Recognition, ...] = (
 # ----------------------------------------------------------------------------- the rule
 class Recognize(Rule):
     name = "recognize"
+    params = ("pattern",)
     eager = True
     summary = ("a softmax, logsumexp, mean, x·x or RMSNorm written by hand becomes the "
                "primitive the streamability rules know (one table of patterns)")
@@ -343,9 +344,6 @@ class Recognize(Rule):
         if not isinstance(name, str):
             raise RuleError(f"recognize needs a parameter pattern (one of: "
                             f"{', '.join(self.table)})")
-        extra = sorted(set(params) - {"pattern"})
-        if extra:
-            raise RuleError(f"recognize takes one parameter, pattern; got also {', '.join(extra)}")
         if name not in self.table:
             raise RuleError(f"recognize knows no pattern {name!r}; known: {', '.join(self.table)}")
         return self.table[name]

@@ -68,8 +68,6 @@ class Recompute(Rule):
         return bool(getattr(spec, "elementwise", False)) and spec.kind not in ("group", "stream")
 
     def _find(self, program, site, params, graph_of=view):
-        if params:
-            raise RuleError(f"{self.name} takes no parameters; got {', '.join(sorted(params))}")
         g, n = one_op(self.name, program, site, graph_of)
         box = g.nodes[n]["box"]
         if not self.recomputes(box.spec):

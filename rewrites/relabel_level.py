@@ -21,6 +21,7 @@ from rewrites.group_partition import nesting_reason
 
 class RelabelLevel(Rule):
     name = "relabel_level"
+    params = ("level",)
     summary = "move a group's arrays to a lower memory level (the meaning is unchanged)"
     proof = "proofs.relabel_level"
     relabels_levels = True

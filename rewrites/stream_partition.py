@@ -207,6 +207,7 @@ def build_stream(graph, reg, axis, chunk, claims, pre, post):
 
 class StreamPartition(Rule):
     name = "stream_partition"
+    params = ("axis", "chunk")
     summary = "stream an axis in chunks, folding an accumulator (fusion of pre/post boxes)"
     proof = "proofs.stream_partition"
 

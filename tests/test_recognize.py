@@ -371,7 +371,7 @@ def test_the_rule_says_why_its_parameters_are_wrong():
     D = get("softmax").diagram()
     for params, why in (({}, "needs a parameter pattern"),
                         ({"pattern": "nope"}, "knows no pattern"),
-                        ({"pattern": "softmax", "axis": "v"}, "takes one parameter")):
+                        ({"pattern": "softmax", "axis": "v"}, "takes the parameter pattern; got also axis")):
         with pytest.raises(RuleError, match=why):
             rec.check(D, whole(D), params)
     n, v = nk.axes("n v")

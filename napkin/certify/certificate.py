@@ -403,13 +403,24 @@ def _int_map(data, what: str, bound: int | None = MAX_CHECK_SIZE) -> dict[str, i
     return dict(data)
 
 
+# the launch parameters a backend writes a kernel with (napkin.lower.backends), and the
+# values a GPU block can take: warps of one block (1,024 threads), software-pipelining
+# stages, consumer warp groups beside the producer (four warp groups per block)
+LAUNCH = {"num_warps": (1, 2, 4, 8, 16, 32), "num_stages": tuple(range(1, 9)),
+          "consumer_warpgroups": (1, 2, 3)}
+
+
 def _launch(data) -> dict[str, int]:
-    """A certificate's launch parameters: positive integers; warps a power of two."""
+    """A certificate's launch parameters: known names, each within what a block can take."""
     launch = _int_map(data, "launch", bound=1024)
+    unknown = sorted(set(launch) - set(LAUNCH))
+    if unknown:
+        raise CertificateError(f"launch: unknown parameter(s) {', '.join(unknown)} (known: "
+                               f"{', '.join(LAUNCH)})")
     for k, v in launch.items():
-        if v < 1 or (k == "num_warps" and v & (v - 1)):
-            want = "a power of two" if k == "num_warps" else "a positive integer"
-            raise CertificateError(f"launch: {k} = {v} must be {want}")
+        if v not in LAUNCH[k]:
+            raise CertificateError(f"launch: {k} = {v} is not one of "
+                                   f"{', '.join(map(str, LAUNCH[k]))}")
     return launch
 
 
@@ -453,6 +464,10 @@ class Step:
         missing = [k for k in ("rule", "site", "params", "result") if k not in data]
         if missing:
             raise CertificateError(f"{where} lacks {', '.join(missing)}", i)
+        unknown = sorted(map(str, set(data) - {"rule", "site", "params", "result"}))
+        if unknown:
+            raise CertificateError(f"{where}: unknown field(s) {', '.join(unknown)} (a step is "
+                                   f"rule, site, params, result)", i)
         if not isinstance(data["rule"], str):
             raise CertificateError(f"{where}: rule must be a string, got "
                                    f"{_short_repr(data['rule'])}", i)

@@ -104,6 +104,9 @@ def load_with_source(spec: str | None, from_: str | None):
     it runs in this process.  Whatever goes wrong reading either is a
     NapkinError naming the option or the file."""
     from napkin.certify.certificate import Certificate, CertificateError, load_algorithm
+    if from_ and spec is not None:
+        raise NapkinError(f"give one algorithm: {spec!r} and --from {from_} name two "
+                          f"(drop the name to use the file's, or --from to use {spec!r})")
     if from_:
         if ":" not in from_:
             raise NapkinError(f"--from expects FILE.py:NAME (NAME a diagram, or a function "
