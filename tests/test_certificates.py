@@ -482,3 +482,10 @@ def test_a_stray_parameter_is_refused_by_every_rule(rule, params):
     site = Site((), tuple(range(len(op_order(view(D))))))
     with pytest.raises(RuleError, match=f"{rule} takes .*; got also"):
         RULES[rule].check(D, site, params)
+
+
+def test_a_huge_name_is_one_line_not_a_malformed_verdict():
+    cert = stored("tiled_matmul")
+    cert["algorithm"] = "a" * 100_000
+    with pytest.raises(CertificateError, match="a name of 100,000 characters"):
+        Certificate.from_dict(cert)

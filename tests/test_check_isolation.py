@@ -255,3 +255,12 @@ def test_a_from_file_reference_is_still_compared(tmp_path):
     n_ok, n_fail, lines = check_paths([tmp_path / "good.json", tmp_path / "bad.json"])
     assert lines[0].startswith("ok"), lines[0]
     assert lines[1].startswith("FAIL") and "reference" in lines[1], lines[1]
+
+
+def test_a_file_that_raises_keyboard_interrupt_is_one_fail_line(quick, capsys):
+    ki = _from_certificate(quick, "interrupts", "raise KeyboardInterrupt\n")
+    status = main(["check", "--no-numeric", str(ki)])
+    out, err = capsys.readouterr()
+    assert status == 1 and "Traceback" not in out + err
+    assert out.splitlines()[0] == (f"FAIL {ki}: source: algorithm: building interrupts.py:build "
+                                   f"raised KeyboardInterrupt"), out

@@ -665,3 +665,16 @@ def test_random_programs_mean_what_jax_computes(steps, sizes, other, seed):
             g, w = np.asarray(g), np.asarray(w)
             scale = max(1.0, float(np.nanmax(np.abs(w), initial=0.0)))
             np.testing.assert_allclose(g, w, rtol=1e-7, atol=1e-7 * scale)
+
+
+def test_an_int64_index_that_int32_cannot_hold_is_refused_not_wrapped():
+    """napkin reads int64 as int32, as its docs say: a value within int32 is read as it
+    is; one beyond it is refused by name (JAX without x64 wraps 2**32 + 1 to 1; napkin's
+    take_along_axis would give 0: neither is what was asked)."""
+    def f(x, i):
+        return jnp.take_along_axis(x, i[:, None], axis=1)[:, 0]
+    x = np.arange(12.0, dtype=np.float32).reshape(3, 4)
+    d = nk.from_jax(f, x, np.array([1, 2, 3], np.int32))
+    assert np.allclose(nk.evaluate(d)(x, np.array([1, 0, 3], np.int64)), [1, 4, 11])
+    with pytest.raises(nk.NapkinError, match="int64 value 4294967297 does not fit int32"):
+        nk.evaluate(d)(x, np.array([2**32 + 1, 0, 0], np.int64))

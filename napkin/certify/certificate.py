@@ -312,7 +312,8 @@ def build_entry(spec, base: Path | None, dtype: str) -> tuple[dict, Source | Non
     except NapkinError as e:
         return {"error": str(e)}, None
     except BaseException as e:  # noqa: BLE001 - a user's file may raise anything
-        return {"error": f"building {spec_label(spec)} raised {type(e).__name__}: {e}"}, None
+        said = f": {e}" if str(e) else ""
+        return {"error": f"building {spec_label(spec)} raised {type(e).__name__}{said}"}, None
 
 
 def _rebuilt(spec, prebuilt: dict) -> Source:
@@ -408,6 +409,23 @@ def _int_map(data, what: str, bound: int | None = MAX_CHECK_SIZE) -> dict[str, i
 # stages, consumer warp groups beside the producer (four warp groups per block)
 LAUNCH = {"num_warps": (1, 2, 4, 8, 16, 32), "num_stages": tuple(range(1, 9)),
           "consumer_warpgroups": (1, 2, 3)}
+
+
+MAX_NAME = 4096  # characters of an algorithm's name, file or input name
+
+
+def _texts(value):
+    """Every string in a parsed JSON value, keys included."""
+    todo = [value]
+    while todo:
+        v = todo.pop()
+        if isinstance(v, str):
+            yield v
+        elif isinstance(v, dict):
+            todo.extend(v.keys())
+            todo.extend(v.values())
+        elif isinstance(v, list):
+            todo.extend(v)
 
 
 def _launch(data) -> dict[str, int]:
@@ -542,6 +560,10 @@ class Certificate:
         if not isinstance(algorithm, (str, dict)):
             raise CertificateError(f"algorithm must be a name or {{\"from\": ...}}, "
                                    f"got {_short_repr(algorithm)}")
+        longest = max(_texts(algorithm), key=len, default="")
+        if len(longest) > MAX_NAME:
+            raise CertificateError(f"algorithm: a name of {len(longest):,} characters "
+                                   f"({_short_repr(longest, 40)}; at most {MAX_NAME:,})")
         return cls(algorithm, dtype, _int_map(data["sizes"], "sizes"),
                    _int_map(data["tiles"], "tiles"),
                    [Step.from_json(s, i + 1) for i, s in enumerate(data["steps"])],

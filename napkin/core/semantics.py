@@ -10,7 +10,9 @@ meaning of its diagram.
 """
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 import sympy
 from discopy import markov, python
 
@@ -96,9 +98,32 @@ def evaluate(diagram, sizes: dict | None = None, exact: bool = False):
 
     def f(*xs):
         env = bind_sizes(types, xs, base, names)
+        xs = [_as_declared_int(x, t, n) for x, t, n in zip(xs, types, names)]
         out = _run_boxes(diagram, EvalContext(env, exact=exact), xs)
         return out[0] if len(out) == 1 else out
     return f
+
+
+_INT = {"int32": np.int32, "int8": np.int8}
+
+
+def _as_declared_int(x, t, name):
+    """An integer input read at its declared width (int64 from JAX with x64, or numpy, is
+    read as int32, as the importer declares it): a concrete value the width cannot hold is
+    refused, naming it, rather than wrapped or clamped into another index."""
+    want = _INT.get(t.dtype)
+    dt = getattr(x, "dtype", None)
+    if want is None or dt is None or not np.issubdtype(dt, np.integer) or dt == want:
+        return x
+    if not isinstance(x, jax.core.Tracer):
+        v = np.asarray(x)
+        info = np.iinfo(want)
+        if v.size and (v.min() < info.min or v.max() > info.max):
+            bad = v.max() if v.max() > info.max else v.min()
+            raise NapkinError(f"input {name}: {dt} value {int(bad)} does not fit {t.dtype}, "
+                              f"the dtype the diagram declares (napkin reads int64 as int32: "
+                              f"give values within [{info.min}, {info.max}])")
+    return x.astype(want)
 
 
 def functor(ctx: EvalContext | None = None) -> markov.Functor:

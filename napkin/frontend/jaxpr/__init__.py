@@ -58,7 +58,8 @@ Where they differ (napkin's primitives document each): napkin's softmax gives a 
 keeps no entry (its maximum −∞ or below −5e29) zeros, where ``jax.nn.softmax`` gives NaN
 (−∞) or the uniform average (a finite fill), and the unshifted exp(x)/Σexp(x) overflows
 where napkin's does not; napkin's take_along_axis gives 0 for an index out of range, JAX
-its fill (NaN); int64 (x64) is read as int32; and a dimension of size 1 is dropped from
+its fill (NaN); int64 (x64) is read as int32 (a value int32 cannot hold is refused by
+name when the diagram is evaluated, not wrapped); and a dimension of size 1 is dropped from
 the diagram's inputs (marked "1" in ``axes``) and outputs.
 """
 from __future__ import annotations
