@@ -136,10 +136,21 @@ class Optimized:
         # a program of several kernels: each launched as the cost model chose for it
         launches = [{k: v for k, v in c.items() if k in own} for c in chosen] \
             if len(chosen) > 1 else None
-        return lower(self.program, self.tiles, backend=backend, interpret=interpret,
+        return lower(self.program, {**self._constant_sizes(), **self.tiles}, backend=backend,
+                     interpret=interpret,
                      dtype=dtype or self.dtype, name=self.name.rpartition(":")[2],
                      schedule=self.schedule, launches=launches,
                      **{k: v for k, v in self.launch.items() if k in own})  # FILE.py:NAME -> NAME
+
+    def _constant_sizes(self) -> dict:
+        """Sizes that only a constant names (no input carries an axis of that size: its
+        input was discarded): the kernel cannot read them off its arrays' shapes, so they
+        are bound as the search saw them."""
+        from napkin.core.streamed import names
+        carried = {str(s) for ob in self.program.dom.inside for a in ob.type.axes
+                   if not isinstance(a.size, int) for s in a.size.free_symbols}
+        return {n: int(self.sizes[n]) for n in names(self.program).sizes - carried
+                if n in self.sizes}
 
     def _check_divisibility(self, backend: str) -> None:
         """One line when the hardware's divisibility (its tensor-core shape) and the

@@ -150,8 +150,12 @@ def _random_algorithm(ch: Chooser, max_ops: int) -> Algorithm:
 def _random_op(ch, values, axes, steps):
     x = ch.choice(values)
     kind = ch.choice(("contract", "unary", "binary", "reduce", "softmax", "mask", "contract",
-                      "divide", "reduce", "normalized"))
+                      "divide", "reduce", "normalized", "size_constant"))
     try:
+        if kind == "size_constant":  # a constant naming any axis's size, carried or not
+            size = axes[ch.choice(sorted(axes))].size
+            steps.append(f"scale({x.name}, 1/sqrt({size}))")
+            return ops.scale(x, 1 / sympy.sqrt(size))
         if kind == "contract":
             y = ch.choice(values)
             union = list(dict.fromkeys([*x.type.names, *y.type.names]))
@@ -339,6 +343,12 @@ def random_inputs(diagram, sizes: dict, ch: Chooser, special: bool = True):
                 flat[ch.integer(0, flat.size - 1)] = ch.choice(SPECIAL)
             if x.ndim >= 2 and ch.boolean(0.3):  # a whole row of −∞ (a fully masked row)
                 x[ch.integer(0, x.shape[0] - 1)] = -math.inf
+        if x.size and ch.boolean(0.2):  # ±1 in turn along the last axis: chunks summing to
+            # 0, so a product with ±∞ factored out of a sum (±∞ · 0) would show
+            last = x.shape[-1] if x.ndim else 1
+            x[...] = np.where(np.arange(last) % 2, -1.0, 1.0) if x.ndim else 1.0
+            if ch.boolean(0.7):
+                x.reshape(-1)[ch.integer(0, x.size - 1)] = ch.choice((math.inf, -math.inf))
         if x.size and ch.boolean(0.3):  # a row of zeros: what a padding mask reads as "masked"
             x[ch.integer(0, x.shape[0] - 1) if x.ndim else ...] = 0.0
         xs.append(x)

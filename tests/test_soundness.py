@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import sympy
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import napkin as nk
@@ -287,6 +288,37 @@ def test_the_kernel_follows_the_diagram_on_infinite_keys():
     assert np.array_equal(np.isfinite(got), np.isfinite(want))
     assert (~np.isfinite(want[40:])).all() and np.isfinite(want[:40]).all()
     assert np.allclose(got[:40], want[:40], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated")
+def test_a_product_with_infinity_over_a_ragged_tail_is_the_unstreamed_meaning():
+    """Σ_b X1[a]·X2[b] with X1 = −∞ and X2 = [1, −1, 1, −1, 5]: under IEEE every product is
+    ±∞ and the sum NaN.  Summing X2 first (X1 · Σ X2) gives −∞ unstreamed and −∞ · 0 = NaN
+    for the first chunk of 4: the meaning forms the product before the sum, and the kernel
+    pads the tail with 0 in every factor (a padded 0 times −∞ would be NaN)."""
+    from napkin.lower import lower
+    a, b = nk.axes("a b")
+    D = nk.trace(lambda X1, X2: ops.contract(X1, X2, out=(a,)), {"X1": (a,), "X2": (b,)}, "rag")
+    P = RULES["stream_partition"].apply(D, Site((), (0,)), {"axis": "b", "chunk": "s_b"})
+    X1 = np.array([-np.inf, 1, 2, 3, 4], np.float32)
+    for X2 in ([1, -1, 1, -1, 5], [1, 2, 3, 4, 5]):
+        X2 = np.array(X2, np.float32)
+        want = np.asarray(nk.evaluate(D)(X1, X2))
+        assert (np.isnan(want[0]) if X2.min() < 0 else want[0] == -np.inf)
+        same(nk.evaluate(P, {"s_b": 4})(X1, X2), want)
+        same(lower(P, {"s_b": 4}, name="rag")(X1, X2), want, rtol=1e-6)
+
+
+def test_a_size_only_a_constant_names_is_asked_for_and_bound_in_kernels():
+    """1/sqrt(b) where no input carries b: evaluation says how to give b; a searched
+    kernel binds it as the search saw it."""
+    a, b = nk.axes("a b")
+    D = nk.trace(lambda X: ops.scale(X, 1 / sympy.sqrt(b.size)), {"X": (a,)}, "constant_size")
+    with pytest.raises(nk.NapkinError, match=r"no input carries an axis of size b .*sizes=\{'b'"):
+        nk.evaluate(D)(np.ones(3))
+    assert np.allclose(nk.evaluate(D, {"b": 4})(np.ones(3)), 0.5)
+    o = nk.optimize(D, sizes={"a": 8, "b": 16}, dtype="f32")
+    assert np.allclose(o.kernel(interpret=True)(np.ones(8, np.float32)), 0.25)
 
 
 # ----------------------------------------------------------------------------- 6. check ⇒ apply

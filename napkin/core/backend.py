@@ -83,7 +83,24 @@ class JaxBackend:
     @staticmethod
     @_promoting
     def einsum(spec, *xs):
-        return jnp.einsum(spec, *xs, precision=jax.lax.Precision.HIGHEST)
+        """Σ over the summed letters of the operands' product.  Where an operand lacks a
+        summed letter, the product is formed before the sum (jnp.einsum would sum the other
+        operand over it first: X·Σ Y, which differs from Σ X·Y under IEEE once X is ±∞
+        and Σ Y is 0, and makes a stream's chunks disagree with the whole)."""
+        lhs, out = spec.split("->")
+        letters = lhs.split(",")
+        summed = {c for ls in letters for c in ls} - set(out)
+        if len(xs) < 2 or all(c in ls for c in summed for ls in letters):
+            return jnp.einsum(spec, *xs, precision=jax.lax.Precision.HIGHEST)
+        full = list(dict.fromkeys(out + "".join(letters)))
+        prod = None
+        for ls, x in zip(letters, xs):
+            x = jnp.einsum(f"{ls}->{''.join(c for c in full if c in ls)}", x)
+            x = jnp.reshape(x, [x.shape["".join(c for c in full if c in ls).index(c)]
+                                if c in ls else 1 for c in full])
+            prod = x if prod is None else prod * x
+        return jnp.sum(prod, axis=tuple(i for i, c in enumerate(full) if c in summed)) \
+            if summed else prod
 
     @staticmethod
     def logsumexp(x, axis):

@@ -66,7 +66,11 @@ class EvalContext:
             return expr
         value = sympy.sympify(expr).subs(self.env)
         if value.free_symbols:
-            raise NapkinError(f"cannot evaluate {expr}: unbound sizes {sorted(map(str, value.free_symbols))}")
+            free = sorted(map(str, value.free_symbols))
+            given = ", ".join(f"'{n}': ..." for n in free)
+            raise NapkinError(f"cannot evaluate {expr}: no input carries an axis of size "
+                              f"{', '.join(free)} (a size a constant names is still a size): "
+                              f"give it, e.g. nk.evaluate(diagram, sizes={{{given}}})")
         return float(value)
 
     def shifted(self, axis: str, start) -> EvalContext:

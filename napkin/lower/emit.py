@@ -558,6 +558,11 @@ class Recorder:
         # operands at the low precision (tensor cores), the result in the f32 accumulator
         dt = low[0] if low else np.dtype(jnp.result_type(*[x.dtype for x in xs]))
         acc = np.dtype(jnp.float32) if low else dt
+        summed = {c for ls in letters for c in ls} - set(out)
+        if len(xs) > 1 and any(c not in ls for c in summed for ls in letters):
+            # an operand lacks a summed letter: the product before the sum, as the meaning
+            # (napkin.core.backend's einsum) forms it, never X·Σ Y
+            return self._mul_sum_all(letters, xs, out, sorted(summed, key=lhs.index), dt)
         operands = list(zip(letters, xs))
         while len(operands) > 1:
             (la, a), (lb, b) = operands[0], operands[1]
@@ -631,6 +636,23 @@ class Recorder:
         if dt in LOW_PRECISION:
             c.origin = ("dot",)  # scores a scale may fold into exp2 (see Recorder.exp)
         return c
+
+    def _mul_sum_all(self, letters, xs, out, summed, dt):
+        """Every operand broadcast to the output's and the summed letters, multiplied, and
+        summed over those letters."""
+        full = list(out) + list(summed)
+        acc = np.dtype(jnp.float32) if dt in LOW_PRECISION else dt
+        prod = None
+        for ls, x in zip(letters, xs):
+            present = [c for c in full if c in ls]
+            x = self.transpose(self.astype(x, acc), [ls.index(c) for c in present])
+            x = self.reshape(x, [x.shape[present.index(c)] if c in ls else 1 for c in full])
+            prod = x if prod is None else self.w.let("{0} * {1}", prod, x)
+        if summed:
+            axes = tuple(range(len(out), len(full)))
+            prod = self.w.let(f"jnp.sum({{0}}, axis={axes if len(axes) > 1 else axes[0]})",
+                              prod)
+        return self.astype(prod, acc)
 
     def _mul_sum(self, la, a, lb, b, out, contracted, dt):
         """Broadcast, multiply and sum (small or batched contractions)."""

@@ -215,18 +215,19 @@ class _Spelling:
             args = [self.load(a) if isinstance(a, RefWire) else a for a in args]
             valids = self.padding() + ([valid] if valid is not None and valid[1] is not None
                                        else [])
+            types = array_types(box.dom)
             if valids:
-                args = self.neutralise(box, args, valids)
-            out = list(self.evaluate(box, ctx, args))
+                args, types = self.neutralise(box, args, valids)
+            out = list(self.evaluate(box, ctx, args, types))
             for var, ob in zip(out, box.cod.inside):
                 self.w.rename(var, ob.name, None if identifier(ob.name) == ob.name else box.name)
             return out
         return fold_boxes(diagram, wires, apply)
 
-    def evaluate(self, box, ctx, args) -> tuple:
+    def evaluate(self, box, ctx, args, types=None) -> tuple:
         """The box's code (its semantics, written); a box with no inputs (a constant, the
         positions along an axis) is made at the padded block of each padded axis it has,
-        as the arrays it meets are."""
+        as the arrays it meets are.  ``types``: its inputs' (where neutralise widened one)."""
         spec, outs = box.spec, array_types(box.cod)
         if not box.dom:  # (an axis it has at a tile's size is that tile's, not padded)
             for a, block in self.padded.items():
@@ -234,19 +235,34 @@ class _Spelling:
                        for t in outs):
                     spec = spec.relabelled(a, block)
                     outs = tuple(t.resize(a, block) if t.has(a) else t for t in outs)
-        return tuple(spec.evaluate(ctx, tuple(array_types(box.dom)), tuple(outs), *args))
+        return tuple(spec.evaluate(ctx, tuple(types or array_types(box.dom)), tuple(outs),
+                                   *args))
 
     def neutralise(self, box, args, valids):
         """The inputs of a box that reduces an axis, with every position past the axis's end
         (a padded whole axis, a ragged chunk: ``valids``) set to the reduction's neutral
         element; an input whose extent along the axis is another's (a chunk of a padded axis)
-        is left to that axis's own validity."""
+        is left to that axis's own validity.  A product's operand that lacks the axis is
+        first broadcast along it: a padded 0 times its ±∞ would be NaN, so the padding is
+        made neutral in every factor (0 · 0), where the sum combines.  Returns the inputs
+        and their types."""
+        types = list(array_types(box.dom))
         for axis, ok in valids:
             neutral = reduction_neutral(box, axis)
             if neutral is None:
                 continue
+            if box.spec.kind == "contract" and len(types) > 1 and \
+                    any(t.has(axis) for t in types):
+                size = next(t.axis(axis) for t in types if t.has(axis))
+                for i, (t, x) in enumerate(zip(types, args)):
+                    if not t.has(axis) and isinstance(x, Var):
+                        wide = t.with_axis(size, front=False)
+                        args[i] = self.xp.where(align(self.xp, ok, (axis,), wide.names),
+                                                align(self.xp, x, t.names, wide.names), neutral)
+                        args[i].zero_pad = {axis} if neutral == 0 else set()
+                        types[i] = wide
             out = []
-            for t, x in zip(array_types(box.dom), args):
+            for t, x in zip(types, args):
                 if t.has(axis) and isinstance(x, Var) and \
                         x.shape[t.names.index(axis)] == ok.shape[0] and \
                         not (neutral == 0 and axis in getattr(x, "zero_pad", ())):
@@ -259,7 +275,7 @@ class _Spelling:
                     x = self.xp.where(keep, x, neutral)
                 out.append(x)
             args = out
-        return args
+        return args, types
 
     # ---------------------------------------------------------------- streams
     def stream(self, box, ctx, args):
