@@ -137,10 +137,18 @@ class Optimized:
         launches = [{k: v for k, v in c.items() if k in own} for c in chosen] \
             if len(chosen) > 1 else None
         return lower(self.program, {**self._constant_sizes(), **self.tiles}, backend=backend,
-                     interpret=interpret,
+                     interpret=interpret, keep=self._statistics(),
                      dtype=dtype or self.dtype, name=self.name.rpartition(":")[2],
                      schedule=self.schedule, launches=launches,
                      **{k: v for k, v in self.launch.items() if k in own})  # FILE.py:NAME -> NAME
+
+    def _statistics(self) -> set:
+        """A backward's or a saving forward's row statistics (L): stored in f32."""
+        from napkin.certify.certificate import is_grad_spec, is_saving_spec
+        if not (is_grad_spec(self.source) or is_saving_spec(self.source)):
+            return set()
+        from napkin.frontend.grad import statistics
+        return statistics(self.program)
 
     def _constant_sizes(self) -> dict:
         """Sizes that only a constant names (no input carries an axis of that size: its

@@ -11,7 +11,8 @@ output (rows of 3, symbolic entries; sympy compares exp of both sides).  The gua
 softmax zeroes a row whose maximum m is at most the threshold −5·10²⁹ (the mask's fill
 −10³⁰, or −∞); L = m + log Σ exp(s − m) lies in [m, m + log|x|], and |x| < 10²⁹, so
 L is at most the threshold exactly when m is (for m = −∞, L = −∞) — the two guards zero
-the same rows.  Numerically (float64): random rows, rows of ±10⁴, rows with masked
+the same rows.  A row with a +∞ score has softmax NaN throughout (∞ − ∞ in its shift), and
+L = +∞: the shift adds L − L, which is 0 for a finite L and NaN for L = +∞.  Numerically (float64): random rows, rows of ±10⁴, rows with masked
 entries, rows masked whole and rows of −∞ agree; the premises (a softmax read once by
 a box reducing its axis, a softmax with a sink, a site of two boxes) are refused.  A wrong
 variant (the shift by the row maximum instead of L) fails both checks.
@@ -79,6 +80,8 @@ def _rows(rng, shape):
     masked[0, :] = -1e30                # one row masked whole
     inf = s.copy()
     inf[1, :] = -np.inf                 # one row of −∞
+    inf[2, 3] = np.inf                  # a +∞ score: softmax's row is NaN throughout
+    inf[3, 0] = np.nan                  # a NaN score: NaN throughout too
     return [s, big, masked, inf]
 
 
@@ -100,8 +103,9 @@ def prove():
             for s in _rows(rng, (4, 6)):
                 other = rng.standard_normal((6, 3) if D is cases[0] else (4, 3))
                 out.append(numeric(D, R, [s, other], tol=1e-12, nonfinite=True))
-        return f"{len(out)} cases (random, ±1e4, masked entries, masked rows, rows of −∞)"
-    proof.check("float64: random rows, ±1e4, masked rows and rows of −∞ agree", rows,
+        return (f"{len(out)} cases (random, ±1e4, masked entries, masked rows, rows of −∞, "
+                f"a +∞ and a NaN score)")
+    proof.check("float64: random rows, ±1e4, masked rows, rows of −∞, +∞ and NaN agree", rows,
                 "numeric")
 
     def wrong():

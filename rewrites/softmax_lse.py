@@ -65,7 +65,11 @@ class SoftmaxLse(Rule):
             g.add_edge(op, w)
             return w
         lse = add(Reduce("logsumexp", axis), [s], f"logsumexp_{axis}", "L")
-        shifted = add(Zip("sub"), [s, lse], "sub")
+        # + (L − L): 0 on a row with a finite L, NaN where L = +∞ — softmax's row of a +∞
+        # score is NaN throughout, where exp(s − ∞) alone would be 0 beside it (and a row
+        # of L = −∞ is zeroed by the guard whatever its entries)
+        nan_where_inf = add(Zip("sub"), [lse, lse], "nan_where_inf")
+        shifted = add(Zip("add"), [add(Zip("sub"), [s, lse], "sub"), nan_where_inf], "shift")
         e = add(Map("exp"), [shifted], "exp")
         # the guarded exp takes the softmax's own output wire: every reader reads it as before
         box = make_op(Zip("guard"), _ty(g, [e, lse]), [g.nodes[p]["ob"].name], "guard")

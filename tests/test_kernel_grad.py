@@ -72,6 +72,10 @@ def test_bf16_gradients_through_attention():
     with jax.enable_x64(True):
         want = _grads(alg.reference, [x.astype(jnp.float64) for x in xs], c.astype(jnp.float64))
     assert _rel(got, want) <= 3e-2
+    # the saved L is stored in f32 (a bf16 L would scale every exp(S − L) by up to e^0.06)
+    saving = opt.saving._forward_kernel("triton", True, "bf16")
+    outs = jax.eval_shape(saving, *xs)
+    assert [o.dtype for o in outs] == [jnp.bfloat16, jnp.float32]
 
 
 def test_jit_vmap_and_value_and_grad_compose_with_the_kernel():

@@ -15,6 +15,8 @@ with a sink saves nothing yet: its backward recomputes).
 """
 from __future__ import annotations
 
+import re
+
 from napkin.core.arrays import ArrayType
 from napkin.core.errors import NapkinError
 from napkin.core.ir import ops as op_order, view, without_dead_boxes
@@ -64,6 +66,15 @@ class _Saved(Reverse):
 
     def row_term(self, ct, p, axis):
         return ops.contract(self.dy, self.y, out=p.type.without(axis).names)
+
+
+def statistics(diagram) -> set:
+    """The names of the saved row statistics (each softmax's L) among the inputs and outputs
+    of a :func:`residuals` forward or a ``grad(..., residuals=True)`` backward: kept in f32
+    whatever the storage dtype (a bf16 L, off by 2⁻⁸ of itself, would scale every
+    recomputed probability exp(S − L) by up to e^0.06)."""
+    ends = [ob.name for ob in (*diagram.dom.inside, *diagram.cod.inside)]
+    return {n for n in ends if re.fullmatch(r"L\d+", n)}
 
 
 def residuals(diagram):
@@ -141,8 +152,10 @@ def grad(diagram, wrt=None, name: str | None = None, residuals: bool = False):
         for n in order:  # the forward, replayed
             node = g.nodes[n]
             ins = [value[v] for v in node["ins"]]
-            if n in ls:  # softmax from the saved L: exp(S − L), zero where the row kept none
-                p = ops.guard(ops.exp(ins[0] - ls[n]), ls[n],
+            if n in ls:  # softmax from the saved L: exp(S − L + (L − L)), zero where the row
+                # kept none (rewrites.softmax_lse's form: NaN throughout a row of L = +∞)
+                L = ls[n]
+                p = ops.guard(ops.exp(ins[0] - L + (L - L)), L,
                               as_=g.nodes[node["outs"][0]]["ob"].name)
                 value[node["outs"][0]] = p
                 continue

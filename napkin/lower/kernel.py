@@ -124,8 +124,9 @@ class LoweredKernel:
 
     def __init__(self, program, tiles: dict, *, backend: str = DEFAULT, interpret="auto",
                  dtype=None, f32_precision: str = "highest", name: str | None = None,
-                 schedule=None, hardware="h100", suffix: str = "", **launch):
+                 schedule=None, hardware="h100", suffix: str = "", keep=(), **launch):
         self.program = program
+        self.keep = frozenset(keep)  # arrays kept at their declared dtype whatever ``dtype``
         self.suffix = suffix  # appended to the module's names (a program's kernels share one)
         self.backend = get_backend(backend)
         unknown = set(launch) - set(self.backend.launch)
@@ -241,13 +242,17 @@ class LoweredKernel:
     # ------------------------------------------------------------ specialisation
     def dtypes(self) -> list:
         """The kernel's input dtypes: the override, or the program's types."""
-        return self.dtypes_for(self.in_types)
+        return self.dtypes_for(self.in_types, self.in_names)
 
-    def dtypes_for(self, types) -> list:
-        """Dtypes of arrays of these types in the kernel: the override for floating ones
-        (integer and boolean arrays — labels, indices — keep their own), else the types'."""
+    def dtypes_for(self, types, names=None) -> list:
+        """Dtypes of arrays of these types (and names) in the kernel: the override for
+        floating ones (integer and boolean arrays — labels, indices — keep their own, and
+        so do the arrays named in ``keep``: a backward's saved row statistics), else the
+        types'."""
+        names = names or [None] * len(types)
         return [self.dtype if self.dtype is not None and t.dtype in FLOATING
-                else np.dtype(JNP_DTYPES[t.dtype]) for t in types]
+                and n not in self.keep else np.dtype(JNP_DTYPES[t.dtype])
+                for t, n in zip(types, names)]
 
     def symbol(self, name: str) -> str:
         """A name of the written module (``kernel``, ``forward``, ``GRID``) with the suffix

@@ -740,7 +740,7 @@ class Planner:
                 else:
                     block.append(self.whole(a, n))
                     index.append(None)
-            dtype = np.dtype(k.dtypes_for([t])[0])
+            dtype = np.dtype(k.dtypes_for([t], [labels[i]])[0])
             out.append(ArrayPlan(names[i], t, tuple(shape), dtype, tuple(block), tuple(index),
                                  squeezed=self.squeezed_of(t)))
         return out

@@ -67,7 +67,7 @@ class LoweredProgram:
 
     def __init__(self, program, tiles: dict, *, backend, interpret="auto", dtype=None,
                  f32_precision: str = "highest", name: str | None = None, schedule=None,
-                 hardware="h100", launches: list | None = None, **launch):
+                 hardware="h100", launches: list | None = None, keep=(), **launch):
         from napkin.schedule import build
         self.program = program
         self.name = name if isinstance(name, str) and name.isidentifier() else "program"
@@ -89,6 +89,7 @@ class LoweredProgram:
             own = {**launch, **(launches[i] if launches else {})}
             stages = own.get("num_stages")
             k = LoweredKernel(box, tiles, backend=backend, interpret=interpret, dtype=dtype,
+                              keep=keep,
                               f32_precision=f32_precision, name=f"{self.name}_{len(self.kernels)}",
                               suffix=f"_{len(self.kernels)}",
                               schedule=build(box, hw, sched_dtype, stages=stages
@@ -115,7 +116,7 @@ class LoweredProgram:
         return self._by_box[id(box)]
 
     def dtypes(self) -> list:
-        return self.kernels[0].dtypes_for(self.in_types)
+        return self.kernels[0].dtypes_for(self.in_types, self.in_names)
 
     # ------------------------------------------------------------ per shapes
     def plan(self, *shapes) -> ProgramPlan:
