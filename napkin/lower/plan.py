@@ -781,7 +781,16 @@ class Planner:
     def inner_group(self, box) -> InnerGroupPlan:
         spec = box.spec
         loop = self.loop_of[id(spec)]
-        tile = self.k.size_of(loop.size, f"group {spec.axis}", self.extent(loop))
+        extent = self.extent(loop)
+        tile = self.k.size_of(loop.size, f"group {spec.axis}", extent)
+        if not isinstance(spec.size, sympy.Symbol) and isinstance(extent, int) and tile > extent:
+            # an integer group size is the body's own type: its tile would be stored past the
+            # end of an output the loop writes whole (the meaning relabels the one piece to
+            # the axis's length; the kernel does not)
+            raise NapkinError(f"group {spec.axis}: its integer size {tile} is more than the "
+                              f"axis's {extent} entries, and a loop inside the kernel would "
+                              f"store past its end; give a size of at most {extent}, or a tile "
+                              f"symbol")
         if isinstance(spec.size, sympy.Symbol):
             self.env[spec.size] = tile
         self.notes.append(f"group {spec.axis}: a loop inside the kernel, tiles of {tile}")

@@ -251,8 +251,12 @@ class _Spelling:
             neutral = reduction_neutral(box, axis)
             if neutral is None:
                 continue
-            if box.spec.kind == "contract" and len(types) > 1 and \
-                    any(t.has(axis) for t in types):
+            carried = [x.shape[t.names.index(axis)] for t, x in zip(types, args)
+                       if t.has(axis) and isinstance(x, Var)]
+            # (only where the factors carrying the axis are this validity's extent: a chunk
+            # of a padded axis is left to the chunk's own validity, as below)
+            if box.spec.kind == "contract" and len(types) > 1 and carried and \
+                    all(n == ok.shape[0] for n in carried):
                 size = next(t.axis(axis) for t in types if t.has(axis))
                 for i, (t, x) in enumerate(zip(types, args)):
                     if not t.has(axis) and isinstance(x, Var):
