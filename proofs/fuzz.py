@@ -347,7 +347,7 @@ def random_inputs(diagram, sizes: dict, ch: Chooser, special: bool = True):
             # 0, so a product with ±∞ factored out of a sum (±∞ · 0) would show
             last = x.shape[-1] if x.ndim else 1
             x[...] = np.where(np.arange(last) % 2, -1.0, 1.0) if x.ndim else 1.0
-            if ch.boolean(0.7):
+            if special and ch.boolean(0.7):
                 x.reshape(-1)[ch.integer(0, x.size - 1)] = ch.choice((math.inf, -math.inf))
         if x.size and ch.boolean(0.3):  # a row of zeros: what a padding mask reads as "masked"
             x[ch.integer(0, x.shape[0] - 1) if x.ndim else ...] = 0.0

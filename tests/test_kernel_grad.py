@@ -137,6 +137,13 @@ def test_causal_backward_skips_masked_tiles_and_stays_right():
     shapes = [tuple(dq.sizes[a.name] for a in ob.type.axes) for ob in dq.algorithm.dom.inside]
     notes = dq._forward_kernel("triton", True, "f32").plan(*shapes).notes
     assert any("tile skipping from the q/x masks" in n for n in notes), notes
+    # dK, dV: a program per key tile, streaming the queries: the query chunks above the
+    # diagonal only
+    (_, dkv), = [(n, o) for n, o in small.backward.pieces if n == ("K", "V")]
+    shapes = [tuple(dkv.sizes[a.name] for a in ob.type.axes) for ob in dkv.algorithm.dom.inside]
+    plan = dkv._forward_kernel("triton", True, "f32").plan(*shapes)
+    notes = [n for _, _, spec in plan.steps for n in spec.notes]
+    assert any("the query chunks that keep a key of this x tile" in n for n in notes), notes
     kernel = small.kernel("triton", interpret=True, dtype="f32")
     rng = np.random.default_rng(10)
     xs = [jnp.asarray(x, jnp.float32) for x in alg.sample(rng, small.sizes)]

@@ -250,3 +250,17 @@ def test_the_kernel_fuzz_excuses_only_what_float32_cannot_reach():
     wrong = [np.array([0.0, 0.5, 3.0])]
     assert fuzz.compare(right, fuzz._beyond_f32(right, want, f32), fuzz.KERNEL_RTOL) is None
     assert fuzz.compare(wrong, fuzz._beyond_f32(wrong, want, f32), fuzz.KERNEL_RTOL)
+
+
+@pytest.mark.parametrize("seed", [140, 578])
+def test_fuzz_seeds_of_the_broadcast_product_and_the_integer_group_stay_fixed(seed):
+    """Seed 578: a factor lacking the streamed axis q, broadcast along q in a chunk of 1 —
+    it was broadcast to the whole padded axis (5× the sum).  Seed 140: an integer group of
+    4 over an axis of 2 inside a kernel (an out-of-bound slice): now one line."""
+    ch = fuzz.RandomChooser(seed)
+    alg = fuzz.random_algorithm(ch)
+    programs, chain, findings, _ = fuzz.random_chain(alg, ch)
+    fuzz.check_chain(alg, programs, chain, ch, special=seed % 4 != 0, every_step=seed % 4 == 1)
+    stats: dict = {}
+    assert not fuzz.check_kernel(alg, programs[-1], chain, ch, stats=stats)
+    assert stats.get("ran", 0) + len(stats.get("refused", [])) == 1

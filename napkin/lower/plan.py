@@ -449,6 +449,10 @@ class StreamPlan:
     size: int
     rule: str
     skip: SkipPlan | None = None
+    # a stream over the masks' query axis in a program per key tile (a backward's dK, dV):
+    # only the query chunks holding a row that keeps a key of the tile (``query`` names the
+    # key axis then; Triton spells it, other backends visit every chunk)
+    skip_queries: SkipPlan | None = None
     guards: list = field(default_factory=list)  # ChunkGuard: data masks that skip a chunk
 
     @property
@@ -770,6 +774,8 @@ class Planner:
             self.env[spec.chunk] = chunk
         plan = StreamPlan(ax, chunk, self.extent(loop), spec.rule)
         plan.skip = self.skip(spec, plan)
+        if plan.skip is None:
+            plan.skip_queries = self.skip_queries(spec, plan)
         plan.guards = chunk_guards(spec)
         if plan.guards:
             self.notes.append(f"stream {ax}: data mask{'s' * (len(plan.guards) > 1)} "
@@ -795,6 +801,31 @@ class Planner:
             self.env[spec.size] = tile
         self.notes.append(f"group {spec.axis}: a loop inside the kernel, tiles of {tile}")
         return InnerGroupPlan(spec.axis, tile, self.extent(loop))
+
+    def skip_queries(self, spec, stream: StreamPlan) -> SkipPlan | None:
+        """For a stream over the causal / window masks' query axis, in programs per tile of
+        their key axis: the kept queries of key c are (c − high, c − low], so a tile of keys
+        [c0, c1] needs the query chunks of [c0 − high + 1, c1 − low + 1) only — the others'
+        entries are all masked, and what the update makes of them the reductions absorb."""
+        ax = stream.axis
+        masks = [b.spec for b in spec.update.boxes
+                 if getattr(getattr(b, "spec", None), "kind", None) == "mask"
+                 and b.spec.kind_ in ("causal", "window") and b.spec.q == ax
+                 and b.spec.k in self.gaxes]
+        if not masks:
+            return None
+        ka = masks[0].k
+        masks = [m for m in masks if m.k == ka]
+        why = absorbing(spec.update, ax)
+        if why:
+            self.notes.append(f"stream {ax}: no tile skipping ({why})")
+            return None
+        lows = [m.offset - m.width + 1 for m in masks if m.kind_ == "window"]
+        kinds = tuple(dict.fromkeys(m.kind_ for m in masks))
+        self.notes.append(f"stream {ax}: tile skipping from the {ax}/{ka} masks (the query "
+                          f"chunks that keep a key of this {ka} tile)")
+        return SkipPlan(ka, kinds, max(lows) if lows else None,
+                        min(m.offset + 1 for m in masks), None, self.grid[self.gaxes[ka]])
 
     def skip(self, spec, stream: StreamPlan) -> SkipPlan | None:
         ax, s, n = stream.axis, stream.chunk, stream.size

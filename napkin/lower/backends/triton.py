@@ -377,6 +377,14 @@ class _Spelling:
                 fn = full_fn if c < n_full else tail_fn
                 given = ", ".join(pieces[i][c].name for i in computed)
                 state = unpack(f"{fn}({c}, {carry(state)}, {given})")
+        elif bounds is None and sp.skip_queries is not None:  # a program per key tile
+            lo, hi = self.query_bounds(sp, ctx)
+            if n_full:
+                state = unpack(f"lax.fori_loop({lo}, jnp.minimum({hi}, {n_full}), {full_fn}, "
+                               f"{carry(state)})")
+            if tail:
+                state = unpack(f"lax.fori_loop(jnp.maximum({lo}, {n_full}), {hi}, {tail_fn}, "
+                               f"{carry(state)})  # the ragged tail: 0 or 1 trip")
         elif bounds is None:
             if n_full == 1:
                 state = unpack(f"{full_fn}(0, {carry(state)})")
@@ -467,6 +475,22 @@ class _Spelling:
             u1 = w.let("jnp.where({0}, {1}, {2})", masked_row, u0, u1,
                        name=f"{sp.axis}_open1", aval=I32)
         return u0, u1
+
+    def query_bounds(self, sp, ctx):
+        """The query chunks [lo, hi) holding a row that keeps a key of this program's key
+        tile [c0, c1]: rows [c0 − high + 1, c1 − low + 1) (to the end without a window)."""
+        skip, w, s, n, g = sp.skip_queries, self.w, sp.chunk, sp.size, sp.skip_queries.tile
+        first = ctx.offsets[skip.query]
+        last = w.let(f"jnp.minimum({{0}} + {g.tile}, {g.size}) - 1", first,
+                     name=f"{skip.query}_last")
+        w.comment(f"tile skipping: only the chunks of {sp.axis} holding a row that keeps a "
+                  f"key of this {skip.query} tile ({'/'.join(skip.kinds)} mask)")
+        lo = w.let(f"jnp.clip(({{0}} - {skip.high - 1}) // {s}, 0, {sp.chunks})", first,
+                   name=f"{sp.axis}_lo", aval=I32)
+        hi = sp.chunks if skip.low is None else w.let(
+            f"jnp.clip(-(-({{0}} - {skip.low} + 1) // {s}), {{1}}, {sp.chunks})", last, lo,
+            name=f"{sp.axis}_hi", aval=I32)
+        return lo, hi
 
     def skip_bounds(self, sp, ctx):
         """The plan's tile skipping as loop bounds: ints, or Vars of this program's tile."""
