@@ -287,11 +287,27 @@ def matmul_axes(ins, outs) -> tuple[bool, list, list, tuple]:
     out_names = {n for o in outs for n in o.names}
     reduced = tuple(n for n in allaxes if n not in out_names)
     m_ax = n_ax = []
+    if len(ins) == 2 and rows_from_second(ins, outs):
+        ins = (ins[1], ins[0])
     if len(ins) == 2:
         m_ax = [n for n in ins[0].names if n in out_names]
         n_ax = [n for n in ins[1].names if n in out_names and n not in ins[0].names]
     mm = bool(reduced and n_ax and any(n not in ins[1].names for n in m_ax))
     return mm, m_ax, n_ax, reduced
+
+
+def rows_from_second(ins, outs) -> bool:
+    """Whether a product of two operands takes its rows (M) from the second: the output's
+    leading axis that only one operand carries is the second's (V·dO into dP[q, x] is
+    written dO·Vᵀ).  Rows are the output's leading axes, so the result needs no transpose
+    and the row operand is the one a tensor-core instruction's 64 rows tile."""
+    if len(ins) != 2 or not outs:
+        return False
+    a, b = ins[0].names, ins[1].names
+    for n in outs[0].names:
+        if (n in a) != (n in b):
+            return n in b
+    return False
 
 
 def matmul_sides(box) -> dict | None:
@@ -306,7 +322,8 @@ def matmul_sides(box) -> dict | None:
     if not mm:
         return None
     size = {a.name: a.size for t in ins for a in t.axes}
-    sides = {"M": [a for a in m_ax if a not in ins[1].names], "N": n_ax, "K": list(summed)}
+    second = ins[0] if rows_from_second(ins, tuple(ob.type for ob in box.cod.inside)) else ins[1]
+    sides = {"M": [a for a in m_ax if a not in second.names], "N": n_ax, "K": list(summed)}
     return {what: [(a, size[a]) for a in axes] for what, axes in sides.items()}
 
 

@@ -600,6 +600,9 @@ class Recorder:
         m, n, k = prod(fa), prod(fb), prod(contracted)
         floating = jnp.issubdtype(dt, jnp.floating)
         if contracted and prod(batch) == 1 and min(m, n, k) >= self.dot_min and floating:
+            if next((c for c in out if c in fa or c in fb), None) in fb:
+                # rows are the output's leading axes (napkin.core.primitives.rows_from_second)
+                return self._dot(lb, b, la, a, out, batch, fb, fa, contracted, sizes, dt)
             return self._dot(la, a, lb, b, out, batch, fa, fb, contracted, sizes, dt)
         return self._mul_sum(la, a, lb, b, out, contracted, dt)
 

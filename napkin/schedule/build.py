@@ -21,7 +21,7 @@ from napkin.core.errors import NapkinError
 from napkin.hardware import DTYPE_BYTES, Hardware, get_hardware, resolve_level
 from napkin.core.ir import ops as op_order, view
 from napkin.core.memo import IdentityMemo
-from napkin.core.primitives import matmul_axes, merge_axes
+from napkin.core.primitives import matmul_axes, merge_axes, rows_from_second
 from napkin.schedule.nest import (
     ONE, ZERO, Assign, Buffer, ContractionRecord, Loop, Move, Schedule, Step, TileInfo, nonneg,
 )
@@ -158,9 +158,10 @@ class _Builder:
         rule, axis = self.stream_ctx[-1] if self.stream_ctx else (None, None)
         self.contractions.append(ContractionRecord(box.name, sympy.expand(it), reduced, red, rule,
                                                    axis, mm))
-        # tensor-core shapes: m = output axes of the first input the second lacks (an axis
-        # both carry is a batch: one product per index), n = of the second, k = reduced
-        m_ax = [a for a in m_ax if not ins[1].has(a)]
+        # tensor-core shapes: m = output axes of the row operand the other lacks (an axis
+        # both carry is a batch: one product per index), n = of the other, k = reduced
+        other = ins[0] if rows_from_second(ins, outs) else ins[1]
+        m_ax = [a for a in m_ax if not other.has(a)]
         if mm:
             kb = self.mma.get("mma_k_bytes", 1)
             bpv = max(bytes_per_value(self.dt(ob)) for ob in box.dom.inside)
