@@ -24,8 +24,10 @@ def rel_err(out, ref):
 def test_meaning_matches_reference_float64(name, sizes, seed):
     alg = LIBRARY[name]
     xs = alg.sample(np.random.default_rng(seed), sizes)
-    out = nk.evaluate(alg.diagram())(*xs)
-    assert rel_err(out, alg.reference(*xs)) <= 1e-10
+    out, ref = np.asarray(nk.evaluate(alg.diagram())(*xs)), np.asarray(alg.reference(*xs))
+    # relative to the output's scale, with a floor: an output that cancels to 6e-7 from terms
+    # of order 1 (the MLP at sizes of 1) keeps float64 rounding of the terms, not of itself
+    assert np.abs(out - ref).max() / max(np.abs(ref).max(), 1e-4) <= 1e-10
 
 
 @pytest.mark.parametrize("name", sorted(LIBRARY))

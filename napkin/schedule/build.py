@@ -160,8 +160,9 @@ class _Builder:
                                                    axis, mm))
         # tensor-core shapes: m = output axes of the row operand the other lacks (an axis
         # both carry is a batch: one product per index), n = of the other, k = reduced
-        other = ins[0] if rows_from_second(ins, outs) else ins[1]
-        m_ax = [a for a in m_ax if not other.has(a)]
+        if len(ins) == 2:
+            other = ins[0] if rows_from_second(ins, outs) else ins[1]
+            m_ax = [a for a in m_ax if not other.has(a)]
         if mm:
             kb = self.mma.get("mma_k_bytes", 1)
             bpv = max(bytes_per_value(self.dt(ob)) for ob in box.dom.inside)
