@@ -668,3 +668,15 @@ def test_masked_streams_split_into_diagonal_and_unmasked_chunks(name, sizes):
         assert "q0 = (6 - pl.program_id(0)) * 16" in src  # 7 tiles of 16 over q = 100
         assert "lambda i0: (6 - i0, 0)" in src
     check(name, kernel, sizes)
+
+
+def test_interpret_takes_auto_a_bool_or_on_off_and_nothing_else():
+    """A truthy "off" or "bogus" ran in interpret mode: now "off" means False and anything
+    else is one line."""
+    from napkin.lower.kernel import interpret_mode
+    assert [interpret_mode(v) for v in ("auto", True, False, "on", "off")] == \
+        ["auto", True, False, True, False]
+    import napkin as nk
+    o = nk.optimize("attention", sizes={"q": 64, "x": 64, "d": 16}, dtype="f32")
+    with pytest.raises(NapkinError, match=r"interpret='bogus': give 'auto'"):
+        o.kernel(interpret="bogus")

@@ -140,7 +140,7 @@ class LoweredKernel:
         for key, v in self.tiles.items():
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0:
                 raise NapkinError(f"tile {key}={v!r} must be a positive integer")
-        self.interpret = interpret
+        self.interpret = interpret_mode(interpret)
         self.dtype = None if dtype is None else np.dtype(JNP_DTYPES[canonical_dtype(
             dtype if isinstance(dtype, str) else np.dtype(dtype).name)])
         if f32_precision not in ("highest", "default"):
@@ -300,10 +300,11 @@ class LoweredKernel:
         return self._plans[self._last].source
 
     def resolve_interpret(self, interpret=None) -> bool:
-        mode = self.interpret if interpret is None else interpret
+        # (False on a machine without a GPU is what a CUDA export does: lower, not run)
+        mode = self.interpret if interpret is None else interpret_mode(interpret)
         if mode == "auto":
             return jax.devices()[0].platform != "gpu"
-        return bool(mode)
+        return mode
 
     def __call__(self, *arrays, interpret=None, sizes: dict | None = None):
         if len(arrays) != len(self.in_types):
@@ -328,6 +329,17 @@ class LoweredKernel:
 
     def __repr__(self):
         return f"LoweredKernel({self.name}: {self.describe()}, {self.backend.name})"
+
+
+def interpret_mode(value):
+    """``interpret`` as a kernel takes it: "auto", or a bool ("on" / "off" as the CLI says
+    them); anything else is one line (a truthy "off" or "bogus" ran in interpret mode)."""
+    if value == "auto" or isinstance(value, bool):
+        return value
+    if value in ("on", "off"):
+        return value == "on"
+    raise NapkinError(f"interpret={value!r}: give 'auto' (interpret unless the device is a GPU), "
+                      f"True / 'on' or False / 'off'")
 
 
 class BoundKernel:

@@ -21,7 +21,7 @@ from napkin.core.errors import NapkinError, ShapeError
 from napkin.core.ir import ops as op_order, view
 from napkin.lower.backends import DEFAULT
 from napkin.lower.emit import identifier
-from napkin.lower.kernel import LoweredKernel
+from napkin.lower.kernel import LoweredKernel, interpret_mode
 from napkin.core.semantics import bind_sizes, fold_boxes
 
 
@@ -71,7 +71,7 @@ class LoweredProgram:
         from napkin.schedule import build
         self.program = program
         self.name = name if isinstance(name, str) and name.isidentifier() else "program"
-        self.interpret = interpret
+        self.interpret = interpret_mode(interpret)
         self.in_types = array_types(program.dom)
         self.in_names = [ob.name for ob in program.dom.inside]
         boxes = top_boxes(program)
