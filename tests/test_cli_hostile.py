@@ -236,3 +236,10 @@ def test_a_failure_before_writing_keeps_an_existing_file(hostile, capsys, monkey
     _, err = capsys.readouterr()
     assert status == 2 and err == "napkin: error: cannot make the certificate\n"
     assert _snapshot(hostile) == before
+
+
+def test_cost_at_a_size_with_no_lower_bound_prints_a_dash(capsys):
+    """`napkin cost attention --size q=3` crashed formatting a ratio that does not exist."""
+    from napkin.cli import main
+    assert main(["cost", "attention", "--size", "q=3"]) == 0
+    assert "no lower bound at these sizes" in capsys.readouterr().out

@@ -335,8 +335,10 @@ def _cost_to(args, plot, out) -> int:
     print(f"flops {data['flops']['total']:.4g} ({data['flops']['expr']}); compute "
           f"{data['time_s']['compute']:.4g} s; total {data['time_s']['total']:.4g} s, bound by "
           f"{data['time_s']['bound_by']}")
+    ratio = data.get("lower_bound_ratio")
+    # no ratio where the lower bound is 0 (the whole problem fits on chip at these sizes)
     print(f"canonical form H*(M) = {data.get('canonical_expr')}; transfers / lower bound = "
-          f"{data.get('lower_bound_ratio'):.3g}")
+          + (f"{ratio:.3g}" if ratio is not None else "- (no lower bound at these sizes)"))
     if args.plot:
         print(f"plot: {args.plot}")
     return 0
