@@ -76,6 +76,10 @@ def test_bf16_gradients_through_attention():
     saving = opt.saving._forward_kernel("triton", True, "bf16")
     outs = jax.eval_shape(saving, *xs)
     assert [o.dtype for o in outs] == [jnp.bfloat16, jnp.float32]
+    # ... and the backward reads L, and D = Σ dO ⊙ O where a kernel hands it on, in f32
+    for _, piece in opt.backward.pieces:
+        kept = piece._statistics()
+        assert "L0" in kept and kept <= {"L0", "D0"}
 
 
 def test_jit_vmap_and_value_and_grad_compose_with_the_kernel():

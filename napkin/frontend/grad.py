@@ -61,20 +61,22 @@ class _Saved(Reverse):
     contraction (P enters it linearly, once; Y keeps P's rows) — FlashAttention-2's
     D = rowsum(dO ⊙ O), from the saved O instead of a pass over the keys."""
 
-    def __init__(self, dy: Value, y: Value):
-        self.dy, self.y = dy, y
+    def __init__(self, dy: Value, y: Value, name: str):
+        self.dy, self.y, self.name = dy, y, name
 
     def row_term(self, ct, p, axis):
-        return ops.contract(self.dy, self.y, out=p.type.without(axis).names)
+        return ops.contract(self.dy, self.y, out=p.type.without(axis).names, as_=self.name)
 
 
 def statistics(diagram) -> set:
-    """The names of the saved row statistics (each softmax's L) among the inputs and outputs
-    of a :func:`residuals` forward or a ``grad(..., residuals=True)`` backward: kept in f32
-    whatever the storage dtype (a bf16 L, off by 2⁻⁸ of itself, would scale every
-    recomputed probability exp(S − L) by up to e^0.06)."""
-    ends = [ob.name for ob in (*diagram.dom.inside, *diagram.cod.inside)]
-    return {n for n in ends if re.fullmatch(r"L\d+", n)}
+    """The names of the row statistics of a :func:`residuals` forward or a
+    ``grad(..., residuals=True)`` backward — each softmax's saved L and its row term
+    D = Σ dO ⊙ O, among the program's inputs, outputs and the values between its kernels:
+    kept in f32 whatever the storage dtype (a bf16 L, off by 2⁻⁸ of itself, would scale
+    every recomputed probability exp(S − L) by up to e^0.06), as FlashAttention keeps them."""
+    wires = [ob.name for ob in (*diagram.dom.inside, *diagram.cod.inside)]
+    wires += [ob.name for box in diagram.boxes for ob in box.cod.inside]
+    return {n for n in wires if re.fullmatch(r"[LD]\d+", n)}
 
 
 def residuals(diagram):
@@ -164,7 +166,8 @@ def grad(diagram, wrt=None, name: str | None = None, residuals: bool = False):
         for v, seed in zip(seeded, args[len(args) - len(seeded):]):
             _accumulate(cts, v, seed)
         for i, n in reversed(list(enumerate(order))):
-            _reverse(g, n, i, value, cts, _saved_row_term(g, n, outs_in, cts))
+            _reverse(g, n, i, value, cts, _saved_row_term(
+                g, n, outs_in, cts, f"D{softmaxes.index(n)}" if n in softmaxes else "D"))
         return [cts[inputs[i]] if inputs[i] in cts else
                 ops.fill(g.nodes[inputs[i]]["ob"].type, 0.0) for i in want]
     label = getattr(diagram, "name", "") or "algorithm"
@@ -194,7 +197,7 @@ def _accumulate(cts: dict, v, ct: Value) -> None:
     cts[v] = ct if v not in cts else ops.add(cts[v], ct)  # a copy's reverse: a sum
 
 
-def _saved_row_term(g, n, outs_in: dict, cts: dict):
+def _saved_row_term(g, n, outs_in: dict, cts: dict, name: str):
     """:class:`_Saved` for softmax op ``n`` when its probabilities are read by one
     contraction only, once, whose output is a saved output keeping the softmax's rows."""
     spec = g.nodes[n]["box"].spec
@@ -212,7 +215,7 @@ def _saved_row_term(g, n, outs_in: dict, cts: dict):
     rows = set(g.nodes[p]["ob"].type.without(spec.axis).names)
     if not rows <= set(g.nodes[y]["ob"].type.names):
         return Reverse
-    return _Saved(cts[y], outs_in[y])
+    return _Saved(cts[y], outs_in[y], name)
 
 
 def _reverse(g, n, i: int, value: dict, cts: dict, ad=Reverse) -> None:
