@@ -416,3 +416,35 @@ def test_f16_kernels_run_f16_wgmma():
         want = np.asarray(alg.reference(*xs), np.float64)
         got = np.asarray(k(*xs, interpret=True), np.float64)
         assert np.max(np.abs(got - want)) <= 5e-3 * np.max(np.abs(want))
+
+
+def test_attentions_dq_backward_is_written_by_mosaic_with_an_f32_saved_l():
+    """The backward's dQ program reads the saved L in float32 (a vector per row, no wgmma
+    operand): Mosaic writes it, exports it for CUDA, and in interpret mode it is attention's
+    dQ; dK, dV are refused in one line (a computed first operand not (M, K) here; at the
+    default sizes the D kernel's rows are not a warpgroup's 64)."""
+    import jax
+    r = napkin.optimize("attention", hardware="h200", sizes={"q": 256, "x": 256, "d": 64},
+                        dtype="bf16")
+    pieces = dict(r.backward.pieces)
+    dq = pieces[("Q",)]
+    shapes = [tuple(dq.sizes[a.name] for a in ob.type.axes) for ob in dq.algorithm.dom.inside]
+    k = dq._forward_kernel("mosaic", True, "bf16")
+    assert export_cuda(k, shapes, "NVIDIA H200")
+    rng = np.random.default_rng(3)
+    Q, K, V, dO = (rng.standard_normal(s).astype(np.float32) for s in (shapes[0], shapes[1],
+                                                                        shapes[2], shapes[5]))
+    S = Q.astype(np.float64) @ K.T / 8.0
+    L = np.log(np.exp(S - S.max(1, keepdims=True)).sum(1)) + S.max(1)
+    O = np.exp(S - L[:, None]) @ V
+    got = np.asarray(k(Q, K, V, O.astype(np.float32), L.astype(np.float32), dO), np.float64)
+    with jax.enable_x64(True):
+        _, vjp = jax.vjp(lambda q: jax.nn.softmax(q @ K.T.astype(np.float64) / 8.0, -1)
+                         @ V.astype(np.float64), Q.astype(np.float64))
+        want = np.asarray(vjp(dO.astype(np.float64))[0])
+    assert np.abs(got - want).max() / np.abs(want).max() < 3e-2
+    kv = pieces[("K", "V")]
+    kv_shapes = [tuple(kv.sizes[a.name] for a in ob.type.axes) for ob in kv.algorithm.dom.inside]
+    with pytest.raises(NapkinError) as e:
+        kv._forward_kernel("mosaic", True, "bf16").plan(*kv_shapes)
+    assert "\n" not in str(e.value)

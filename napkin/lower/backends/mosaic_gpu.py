@@ -135,7 +135,11 @@ def refusal(plan: KernelPlan) -> str:
     """Why this backend cannot write ``plan`` ("" when it can): the module doc's list."""
     for ap in plan.inputs + plan.outputs:
         dt = np.dtype(ap.dtype)
-        if jnp.issubdtype(dt, jnp.floating) and dt not in LOW_PRECISION:
+        rows_only = len([a for a in ap.type.names if a not in ap.squeezed]) <= 1
+        # an f32 vector per row (a backward's saved L, its row term D) feeds no wgmma: it is
+        # loaded and stored like an int32 segment id
+        if jnp.issubdtype(dt, jnp.floating) and dt not in LOW_PRECISION and \
+                not (rows_only and dt == np.dtype(np.float32)):
             return (f"{ap.name} is {dt.name}: the Mosaic GPU backend writes bf16 / f16 kernels "
                     f"(wgmma; FP8 e4m3 inputs too): run it at dtype bf16")
         if not jnp.issubdtype(dt, jnp.floating) and dt != np.dtype(np.int32):
