@@ -562,7 +562,7 @@ class Recorder:
         if len(xs) > 1 and any(c not in ls for c in summed for ls in letters):
             # an operand lacks a summed letter: the product before the sum, as the meaning
             # (napkin.core.backend's einsum) forms it, never X·Σ Y
-            return self._mul_sum_all(letters, xs, out, sorted(summed, key=lhs.index), dt)
+            return self._mul_sum(letters, xs, out, sorted(summed, key=lhs.index), dt)
         operands = list(zip(letters, xs))
         while len(operands) > 1:
             (la, a), (lb, b) = operands[0], operands[1]
@@ -604,7 +604,7 @@ class Recorder:
                 # rows are the output's leading axes (napkin.core.primitives.rows_from_second)
                 return self._dot(lb, b, la, a, out, batch, fb, fa, contracted, sizes, dt)
             return self._dot(la, a, lb, b, out, batch, fa, fb, contracted, sizes, dt)
-        return self._mul_sum(la, a, lb, b, out, contracted, dt)
+        return self._mul_sum([la, lb], [a, b], out, contracted, dt)
 
     def _dot(self, la, a, lb, b, out, batch, fa, fb, contracted, sizes, dt):
         """Unit batch axes dropped, free and contracted axes merged: one 2-D dot."""
@@ -640,9 +640,10 @@ class Recorder:
             c.origin = ("dot",)  # scores a scale may fold into exp2 (see Recorder.exp)
         return c
 
-    def _mul_sum_all(self, letters, xs, out, summed, dt):
+    def _mul_sum(self, letters, xs, out, summed, dt):
         """Every operand broadcast to the output's and the summed letters, multiplied, and
-        summed over those letters."""
+        summed over those letters (small or batched contractions, and products whose operand
+        lacks a summed letter)."""
         full = list(out) + list(summed)
         acc = np.dtype(jnp.float32) if dt in LOW_PRECISION else dt
         prod = None
@@ -656,18 +657,3 @@ class Recorder:
             prod = self.w.let(f"jnp.sum({{0}}, axis={axes if len(axes) > 1 else axes[0]})",
                               prod)
         return self.astype(prod, acc)
-
-    def _mul_sum(self, la, a, lb, b, out, contracted, dt):
-        """Broadcast, multiply and sum (small or batched contractions)."""
-        full = list(out) + contracted
-        acc = np.dtype(jnp.float32) if dt in LOW_PRECISION else dt
-
-        def aligned(l, x):
-            present = [c for c in full if c in l]
-            x = self.transpose(self.astype(x, acc), [l.index(c) for c in present])
-            return self.reshape(x, [x.shape[present.index(c)] if c in l else 1 for c in full])
-        p = self.w.let("{0} * {1}", aligned(la, a), aligned(lb, b))
-        if contracted:
-            axes = tuple(range(len(out), len(full)))
-            p = self.w.let(f"jnp.sum({{0}}, axis={axes if len(axes) > 1 else axes[0]})", p)
-        return p if dt in LOW_PRECISION else self.astype(p, dt)

@@ -802,48 +802,48 @@ class Planner:
         self.notes.append(f"group {spec.axis}: a loop inside the kernel, tiles of {tile}")
         return InnerGroupPlan(spec.axis, tile, self.extent(loop))
 
+    def _band(self, spec, ax: str, streamed: str):
+        """The causal / window masks of a stream's update over ``ax``, as the stream's
+        ``streamed`` side ("k": the keys; "q": the queries, the keys a grid axis): (the other
+        axis, the kinds, low, high) with kept keys of a query q in [q + low, q + high) (low
+        None: from 0); None without such masks, or where the update does not absorb what they
+        mask (the reason is noted)."""
+        other = "q" if streamed == "k" else "k"
+        masks = [b.spec for b in spec.update.boxes
+                 if getattr(getattr(b, "spec", None), "kind", None) == "mask"
+                 and b.spec.kind_ in ("causal", "window") and getattr(b.spec, streamed) == ax
+                 and (streamed == "k" or b.spec.k in self.gaxes)]
+        if not masks:
+            return None
+        axis = getattr(masks[0], other)
+        masks = [m for m in masks if getattr(m, other) == axis]
+        why = absorbing(spec.update, ax)
+        if why:
+            self.notes.append(f"stream {ax}: no tile skipping ({why})")
+            return None
+        lows = [m.offset - m.width + 1 for m in masks if m.kind_ == "window"]
+        return (axis, tuple(dict.fromkeys(m.kind_ for m in masks)), max(lows) if lows else None,
+                min(m.offset + 1 for m in masks))
+
     def skip_queries(self, spec, stream: StreamPlan) -> SkipPlan | None:
         """For a stream over the causal / window masks' query axis, in programs per tile of
         their key axis: the kept queries of key c are (c − high, c − low], so a tile of keys
         [c0, c1] needs the query chunks of [c0 − high + 1, c1 − low + 1) only — the others'
         entries are all masked, and what the update makes of them the reductions absorb."""
-        ax = stream.axis
-        masks = [b.spec for b in spec.update.boxes
-                 if getattr(getattr(b, "spec", None), "kind", None) == "mask"
-                 and b.spec.kind_ in ("causal", "window") and b.spec.q == ax
-                 and b.spec.k in self.gaxes]
-        if not masks:
+        band = self._band(spec, stream.axis, "q")
+        if band is None:
             return None
-        ka = masks[0].k
-        masks = [m for m in masks if m.k == ka]
-        why = absorbing(spec.update, ax)
-        if why:
-            self.notes.append(f"stream {ax}: no tile skipping ({why})")
-            return None
-        lows = [m.offset - m.width + 1 for m in masks if m.kind_ == "window"]
-        kinds = tuple(dict.fromkeys(m.kind_ for m in masks))
-        self.notes.append(f"stream {ax}: tile skipping from the {ax}/{ka} masks (the query "
-                          f"chunks that keep a key of this {ka} tile)")
-        return SkipPlan(ka, kinds, max(lows) if lows else None,
-                        min(m.offset + 1 for m in masks), None, self.grid[self.gaxes[ka]])
+        ka, kinds, low, high = band
+        self.notes.append(f"stream {stream.axis}: tile skipping from the {stream.axis}/{ka} "
+                          f"masks (the query chunks that keep a key of this {ka} tile)")
+        return SkipPlan(ka, kinds, low, high, None, self.grid[self.gaxes[ka]])
 
     def skip(self, spec, stream: StreamPlan) -> SkipPlan | None:
         ax, s, n = stream.axis, stream.chunk, stream.size
-        masks = [b.spec for b in spec.update.boxes
-                 if getattr(getattr(b, "spec", None), "kind", None) == "mask"
-                 and b.spec.kind_ in ("causal", "window") and b.spec.k == ax]
-        if not masks:
+        band = self._band(spec, ax, "k")
+        if band is None:
             return None
-        qa = masks[0].q
-        masks = [m for m in masks if m.q == qa]
-        why = absorbing(spec.update, ax)
-        if why:
-            self.notes.append(f"stream {ax}: no tile skipping ({why})")
-            return None
-        lows = [m.offset - m.width + 1 for m in masks if m.kind_ == "window"]
-        low = max(lows) if lows else None
-        high = min(m.offset + 1 for m in masks)
-        kinds = tuple(dict.fromkeys(m.kind_ for m in masks))
+        qa, kinds, low, high = band
         if qa in self.gaxes:
             self.notes.append(f"stream {ax}: tile skipping from the {qa}/{ax} masks")
             tile = self.grid[self.gaxes[qa]]
