@@ -243,3 +243,14 @@ def test_cost_at_a_size_with_no_lower_bound_prints_a_dash(capsys):
     from napkin.cli import main
     assert main(["cost", "attention", "--size", "q=3"]) == 0
     assert "no lower bound at these sizes" in capsys.readouterr().out
+
+
+def test_an_algorithm_name_and_a_from_file_together_are_one_line(tmp_path, monkeypatch, capsys):
+    """`napkin cost attention --from user.py:rowsum` costed rowsum, exit 0: two sources."""
+    (tmp_path / "user.py").write_text(
+        "import napkin as nk\nfrom napkin import ops\na, b = nk.axes('a b')\n\n\n"
+        "@nk.algorithm(X=(a, b))\ndef rowsum(X):\n    return ops.sum_(X, b)\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["cost", "attention", "--from", "user.py:rowsum"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "give one algorithm" in err[0], err
