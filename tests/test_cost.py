@@ -247,3 +247,31 @@ def test_plot_cost(tmp_path):
 def test_cost_is_a_cost():
     cst = cost(program("matmul", MATMUL), "a100")
     assert isinstance(cst, Cost) and cst.hardware.name.startswith("A100")
+
+
+def test_a_dot_over_merged_rows_asks_their_product():
+    """GQA's scores S[k, r, q, x] = Q·Kᵀ take (r, q) as one dot's rows: the wgmma's 64 rows
+    are asked of r × g_q, so at r = 4 the query tile may be 16 (the kernel writer merges
+    the axes into one dot); a size the sizes do not fix leaves the tile the whole 64."""
+    gq = cost(program("gqa", ATTENTION), "h100", "bf16")
+    info = gq.tiles[g_q]
+    assert "mma_m" not in dict(info.multiples)
+    assert ("mma_m", 64, S("r")) in info.shared
+    assert info.least({"r": 4}) == 16 and info.least({"r": 2}) == 32
+    assert info.least({"r": 1}) == 64 and info.least({}) == 64
+    assert info.to_json()["shared"] == [["mma_m", 64, "r"]]
+
+
+def test_a_row_statistic_does_not_bind_the_tile():
+    """L[k, r, q] moves beside Q[k, r, q, d] (a d-th of its bytes): its short runs along q
+    ask no coalescing of the query tile, where a [q, d]-shaped tile's rows still do."""
+    from napkin.frontend.grad import residuals
+    D = residuals(get("gqa").diagram())
+    for rule, path, params in ATTENTION:
+        D = RULES[rule].apply(D, Site(path, tuple(range(len(ops(to_graph(body_at(D, path))))))),
+                              dict(params))
+    info = cost(D, "h100", "bf16").tiles[g_q]
+    assert not any(r.startswith("coalesce") for r, _ in info.multiples)
+    # a 2-D output whose last axis is the tile's still asks for 128-byte runs
+    mm = cost(program("matmul", MATMUL), "h100", "bf16")
+    assert dict(mm.tiles[g_c].multiples)["coalesce 128B"] == 64

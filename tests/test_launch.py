@@ -244,3 +244,27 @@ def test_a_tensor_core_shape_no_backend_tile_fits_is_one_line(tmp_path):
                                           r"\(dot_min = 16, mma_m = 96\), and the Triton backend "
                                           r"writes power-of-two tiles only"):
         opt.kernel()
+
+
+def test_a_kernel_that_spills_everywhere_licenses_no_other_spill():
+    """GQA's dK, dV program: the stream kernel spills at every tile point the model knows
+    (two [g_x, d] accumulators beside the scores), its D = Σ dO ⊙ O kernel need not; the
+    chosen point keeps each kernel that can within the budget, and among points the model
+    times alike it takes the one that spills least."""
+    from napkin.frontend.grad import grad
+    sizes = dict(q=512, x=512, d=128, k=2, r=4)
+    r = search(grad(get("gqa").diagram(), wrt=["K", "V"], residuals=True), "h100", sizes,
+               "bf16")
+    c, chosen = r.best.cost, r.best.tiles
+    g = Grid(c, sizes)
+    per_kernel = [Launches._on_grid(k, c, g) for k in g.launches.resources]
+    everywhere = [bool((kl.spilled > 0).all()) for kl in per_kernel]
+    assert any(everywhere) and not all(everywhere)
+    ok = g.feasible()
+    for spills, kl, launch in zip(everywhere, per_kernel, chosen.launch):
+        assert spills or launch["spilled_bytes"] == 0, launch
+        assert spills or ((kl.spilled[ok] == 0).all() and (kl.spilled > 0).any())
+    i = int(np.flatnonzero(np.all([g.flat[j] == chosen.values[t.name]
+                                   for j, t in enumerate(g.free)], axis=0))[0])
+    near = g.time <= g.time[i] * 1.001
+    assert g.launches.spilled[i] == g.launches.spilled[near & ok].min()

@@ -83,13 +83,20 @@ class Launches:
         self.resources = kernel_resources(c.schedule)
         # fits: within every budget; runs: within shared memory (registers spill, priced)
         self.fits, self.runs, self.time = np.ones(n, bool), np.ones(n, bool), np.zeros(n)
+        # where some kernel spills at every point, the others still keep to their points
+        # that do not (a spilling kernel must not license its neighbours' spills)
+        self.spill_least = np.ones(n, bool)
+        self.spilled = np.zeros(n)  # bytes spilled per block, all kernels together
         self.least_smem = 0.0
         self.excess = 0.0  # bytes by which the kernels' smallest points break the budget
         limit = smem_limit(c.hardware)
         for k in self.resources:
             kl = self._on_grid(k, c, grid)
             self.runs &= kl.fits
-            self.fits &= kl.fits & (kl.spilled == 0)
+            clean = kl.fits & (kl.spilled == 0)
+            self.fits &= clean
+            self.spill_least &= clean if clean.any() else kl.fits
+            self.spilled += kl.spilled
             self.time += kl.time
             smem = float(kl.smem1.min())
             self.least_smem = max(self.least_smem, smem)

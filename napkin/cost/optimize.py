@@ -282,7 +282,7 @@ class Grid:
             info = c.tiles[t]
             if t.name not in upper:
                 value_at(info.full, {**sizes, **upper})  # raises: names the missing size
-            m = math.lcm(info.multiple, int((multiples or {}).get(t.name, 1)))
+            m = math.lcm(info.least(sizes), int((multiples or {}).get(t.name, 1)))
             self.mult[t.name] = m
             self.cands[t.name] = candidates(upper[t.name], m, power_of_two)
         grids = np.meshgrid(*[np.array(self.cands[t.name], dtype=float) for t in free],
@@ -374,7 +374,8 @@ class Grid:
         launches = self.launches if launch else None
         if launches is not None:  # a point that spills runs, and is priced so; it is
             # chosen only where every point of the program spills
-            ok &= launches.fits if (ok & launches.fits).any() else launches.runs
+            ok &= next((m for m in (launches.fits, launches.spill_least) if (ok & m).any()),
+                       launches.runs)
         for lv in self.c.levels[1:]:
             cap = (capacity or {}).get(lv)
             if cap is None and launches is None:
@@ -400,10 +401,17 @@ class Grid:
         pick = np.where(ok)[0]
         prim, sec = ((self.time, self.transfer_time) if objective == "time"
                      else (self.Hv, self.time))
-        def rank(v):  # equal up to rounding noise
-            return np.round(v / max(v.min(), 1e-300), 9)
-        pr = rank(prim[pick])
-        order = np.lexsort((self.memsum[pick], self.steps[pick], rank(sec[pick]), pr))
+        def rank(v, within=1e-9):  # equal up to rounding noise
+            r = v / max(v.min(), 1e-300)
+            return np.where(r <= 1 + within, 1.0, np.round(r, 9))
+        # points within TIED of the least time tie: the model cannot tell them apart, and
+        # of those the ones that spill least, then the fewer, larger steps win (a block of
+        # one row moves too few bytes at a time to keep the memory busy, which the
+        # roofline does not see)
+        pr = rank(prim[pick], TIED if objective == "time" else 1e-9)
+        spilled = (self.launches.spilled[pick] if objective == "time" and
+                   self.launches is not None else np.zeros(len(pick)))
+        order = np.lexsort((self.memsum[pick], self.steps[pick], rank(sec[pick]), spilled, pr))
         return int(pick[order[0]]), True
 
     def values(self, i: int) -> dict:
@@ -411,6 +419,8 @@ class Grid:
         out.update({t.name: int(self.sizes[t.name]) for t in self.c.tiles if t.name in self.sizes})
         return out
 
+
+TIED = 1e-3  # relative: modelled times this close are one time
 
 _CONTINUOUS = {"continuous": dict, "continuous_expr": dict, "transfers_continuous": None,
                "canonical": None, "lower_bound": None, "lower_bound_expr": None,

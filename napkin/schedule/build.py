@@ -49,6 +49,8 @@ class _Builder:
         self.names = tuple(lv.name for lv in hw.levels)
         self.tiles: dict = {}
         self.multiples: dict = defaultdict(dict)
+        self.shared: dict = defaultdict(set)         # size -> {(reason, multiple, cofactor)}
+        self.statistics: frozenset = frozenset()     # the kernel's arrays of one value per row
         self.contractions: list = []
         self.streams: list = []
         self.stream_ctx: list = []
@@ -79,9 +81,18 @@ class _Builder:
         n = ob.type.numel
         return n, n * bytes_per_value(self.dt(ob))
 
-    def require(self, size, reason: str, multiple: int):
-        if isinstance(size, sympy.Symbol) and multiple > 1:
+    def require(self, size, reason: str, multiple: int, cofactor=ONE):
+        """``size`` (times ``cofactor``, the other sides of a merged dimension) must be a
+        multiple of ``multiple``.  With a cofactor the demand on the tile itself depends on
+        the sizes (a dot's rows (r, q) at r = 4 ask q for 64 / 4): it is kept beside the
+        plain multiples and worked out where the sizes are known (``TileInfo.least``)."""
+        if not isinstance(size, sympy.Symbol) or multiple <= 1:
+            return
+        cofactor = sympy.sympify(cofactor)
+        if cofactor == 1:
             self.multiples[size][reason] = math.lcm(self.multiples[size].get(reason, 1), multiple)
+        else:
+            self.shared[size].add((reason, multiple, cofactor))
 
     def tile(self, kind, axis, size, full, level: int):
         if isinstance(size, sympy.Symbol) and size not in self.tiles:
@@ -110,8 +121,10 @@ class _Builder:
         levels = tuple(self.names[k] for k in range(lo + 1, hi + 1))
         self.emit(Move("load" if to > frm else "store", ob.name, vals, byts, levels, src, dst))
         # coalescing: the contiguous (last) axis of a tile's rows moves in aligned runs (a
-        # 1-D block — one logit per head, a row's statistic — is one run, whatever its length)
-        if len(ob.type.axes) > 1:
+        # 1-D block — one logit per head — is one run, whatever its length).  A row
+        # statistic of a wider array of the kernel (L[k, r, q] beside Q[k, r, q, d]) moves
+        # a d-th of that array's bytes: its short runs must not bind the tile
+        if len(ob.type.axes) > 1 and ob.name not in self.statistics:
             align = math.lcm(*(self.hw.levels[k].align_bytes for k in range(lo + 1, hi + 1)))
             per = max(1, align // bytes_per_value(self.dt(ob)))
             self.require(ob.type.axes[-1].size, f"coalesce {align}B", per)
@@ -166,11 +179,17 @@ class _Builder:
         if mm:
             kb = self.mma.get("mma_k_bytes", 1)
             bpv = max(bytes_per_value(self.dt(ob)) for ob in box.dom.inside)
+            # the kernel writer merges each side's axes into one dot dimension: the
+            # instruction's shape is asked of their product (the last axis's tile times
+            # the others' sizes)
+            def side(axes, reason, m):
+                rest = sympy.Mul(*(allaxes[a].size for a in axes[:-1]))
+                self.require(allaxes[axes[-1]].size, reason, m, rest)
             if m_ax:
-                self.require(allaxes[m_ax[-1]].size, "mma_m", self.mma.get("mma_m", 1))
+                side(m_ax, "mma_m", self.mma.get("mma_m", 1))
             if n_ax:
-                self.require(allaxes[n_ax[-1]].size, "mma_n", self.mma.get("mma_n", 1))
-            self.require(allaxes[reduced[-1]].size, "mma_k", max(1, kb // bpv))
+                side(n_ax, "mma_n", self.mma.get("mma_n", 1))
+            side(reduced, "mma_k", max(1, kb // bpv))
             # the least dot dimension: every tile of the product's three sides
             least = self.mma.get("dot_min", 1)
             for ax in (m_ax[-1:] + n_ax[-1:] + [reduced[-1]]):
@@ -256,6 +275,7 @@ class _Builder:
 
     def _kernel(self, box, R, irefs, orefs) -> Loop:
         spec = box.spec
+        self.statistics = _row_statistics(box)
         if spec.kind == "group":
             Lc = self.level_index(spec.level)
             full, N = self._count(spec.axis, box, spec.size)
@@ -288,6 +308,8 @@ class _Builder:
         for s, reasons in other.multiples.items():
             for reason, m in reasons.items():
                 self.multiples[s][reason] = math.lcm(self.multiples[s].get(reason, 1), m)
+        for s, demands in other.shared.items():
+            self.shared[s] |= demands
         self.contractions += other.contractions
         self.streams += other.streams
 
@@ -600,6 +622,15 @@ def build(program, hardware, dtype=None, *, intermediates: bool = True,
     tiles = {}
     for s, (kind, axis, full, level) in b.tiles.items():
         mult = tuple(sorted(b.multiples.get(s, {}).items()))
-        tiles[s] = TileInfo(s, kind, axis, sympy.sympify(full), level, mult)
+        shared = tuple(sorted(b.shared.get(s, ()), key=str))
+        tiles[s] = TileInfo(s, kind, axis, sympy.sympify(full), level, mult, shared)
     return Schedule(program, hw, dtype, intermediates, b.names, root, tiles, b.contractions,
                     b.streams, tuple(values), stages)
+
+
+def _row_statistics(box) -> frozenset:
+    """Names of a kernel's arrays whose axes are a proper subset of another of its arrays'
+    (a row's statistic: L[k, r, q] beside Q[k, r, q, d])."""
+    arrays = [ob for ob in (*box.dom.inside, *box.cod.inside)]
+    names = [set(ob.type.names) for ob in arrays]
+    return frozenset(ob.name for ob, n in zip(arrays, names) if any(n < m for m in names))

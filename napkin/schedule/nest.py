@@ -271,14 +271,28 @@ class TileInfo:
     full: sympy.Expr          # the size of the axis it tiles (may hold other symbols)
     level: str                # memory level where the tiles live
     multiples: tuple = ()     # ((reason, multiple), ...): divisibility the hardware asks for
+    shared: tuple = ()        # ((reason, multiple, cofactor), ...): asked of tile × cofactor
 
     @property
     def multiple(self) -> int:
+        """What the tile alone must divide by, whatever the sizes."""
         return math.lcm(1, *(m for _, m in self.multiples))
+
+    def least(self, sizes) -> int:
+        """The tile's divisibility at ``sizes``: a demand shared with other axes (a dot's
+        merged rows) asks the tile for what their sizes leave; a cofactor the sizes do not
+        fix (another tile) leaves the tile the whole multiple."""
+        out = self.multiple
+        for _, m, cofactor in self.shared:
+            v = cofactor.xreplace({f: sympy.Integer(int(sizes[f.name]))
+                                   for f in cofactor.free_symbols if f.name in sizes})
+            out = math.lcm(out, m // math.gcd(m, int(v)) if v.is_Integer and v > 0 else m)
+        return out
 
     def to_json(self):
         return {"kind": self.kind, "axis": self.axis, "full": str(self.full), "level": self.level,
-                "multiple": self.multiple, "multiples": {r: m for r, m in self.multiples}}
+                "multiple": self.multiple, "multiples": {r: m for r, m in self.multiples},
+                "shared": [[r, m, str(c)] for r, m, c in self.shared]}
 
 
 @dataclass(frozen=True)
