@@ -365,6 +365,18 @@ def fold(st: Streamed, ctx, xs, chunks, finalize: bool = True):
     return tuple(out[j] for j in st.out_perm)
 
 
+def partial_state(st: Streamed, ctx, xs, start: int, length: int):
+    """The state after one chunk of ``length`` entries from ``start``, from init alone: what
+    a parallel split that starts there folds (its positions are the global ones)."""
+    from napkin.core.semantics import run
+    spec, xp = st.spec, ctx.xp
+    args = [xs[i] for i in st.perm]
+    sub = ctx.shifted(spec.axis, start).bound(spec.chunk, length)
+    part = [xp.take(x, t.names.index(spec.axis), start, start + length) if t.has(spec.axis)
+            else x for t, x in zip(st.ins, args)]
+    return run(spec.update, sub, *run(spec.init, ctx), *part)
+
+
 def _axis_size(st: Streamed):
     for t in st.ins:
         if t.has(st.axis):
@@ -390,6 +402,9 @@ def accumulator_obligations(proof: Proof, st: Streamed, sizes: dict, what: str,
        for chunk lengths (|x|, |y|) in ``pairs`` (states compared entrywise);
     3. fold: finalize after folding chunks c₁…c_k = f(x₁ ⊕ … ⊕ x_k);
     4. the Stream box itself (uniform chunks, ragged last) = f;
+    5. merge (where the stream has one): merge(state(x), state(y)) = state(x ⊕ y), each
+       state folded from init on its own (y at its global positions), for (|x|, |y|) in
+       ``pairs``; and init is its unit on either side (a split with no entry);
     and the rewritten program keeps f's type.  ``sizes`` binds the other
     axes (small ints)."""
     from napkin.core.semantics import run
@@ -445,6 +460,27 @@ def accumulator_obligations(proof: Proof, st: Streamed, sizes: dict, what: str,
                 raise Failed(f"|{st.axis}|={n}, chunk {c}: {err}") from None
         return f"(|{st.axis}|, chunk) in {[list(u) for u in uniform]}: equal"
 
+    def merged():
+        from napkin.core.semantics import run
+        for n1, n2 in pairs:
+            e, ctx, xs = setup(n1 + n2)
+            x, y = partial_state(st, ctx, xs, 0, n1), partial_state(st, ctx, xs, n1, n2)
+            both = fold(st, ctx, xs, (n1 + n2,), finalize=False)
+            try:
+                compare(run(st.spec.merge, ctx, *x, *y), both, e, allow_numeric)
+            except Failed as err:
+                raise Failed(f"|x|={n1}, |y|={n2}: merged state {err}") from None
+        # the empty state (a split that holds no entry) is the merge's unit, either side
+        e, ctx, xs = setup(lengths[-1])
+        empty, x = run(st.spec.init, ctx), partial_state(st, ctx, xs, 0, lengths[-1])
+        for side, args in (("init ∥ x", (*empty, *x)), ("x ∥ init", (*x, *empty))):
+            try:
+                compare(run(st.spec.merge, ctx, *args), x, e, allow_numeric)
+            except Failed as err:
+                raise Failed(f"merge({side}) is not state(x): {err}") from None
+        return (f"(|x|,|y|) in {[list(p) for p in pairs]}: merged states equal; "
+                f"init is the unit on both sides")
+
     def types():
         ref, new = st.reference, st.rewritten
         if ref.dom != new.dom or ref.cod != new.cod:
@@ -460,6 +496,9 @@ def accumulator_obligations(proof: Proof, st: Streamed, sizes: dict, what: str,
     proof.check(f"{what}: accumulator law update(state(x), y) = state(x ⊕ y) ({sym})", law)
     proof.check(f"{what}: fold over chunks then finalize = f(concatenation) ({sym})", folded)
     proof.check(f"{what}: the Stream box (uniform chunks, ragged last) = f ({sym})", box)
+    if st.spec.merge is not None:
+        proof.check(f"{what}: merge law merge(state(x), state(y)) = state(x ⊕ y), y's "
+                    f"positions after x's ({sym})", merged)
 
 
 # --------------------------------------------------------------------------- numbers
@@ -544,6 +583,66 @@ def apply_rule(name: str, diagram, params: dict, path=(), ops=None):
     from rewrites import RULES
     site = Site(tuple(path), tuple(ops) if ops is not None else all_ops(diagram, path))
     return RULES[name].apply(diagram, site, dict(params))
+
+
+def merge_numeric(st: Streamed, sizes: dict, rng: np.random.Generator, *, splits: int = 3,
+                  empty: bool = False, tol: float = 1e-12) -> str:
+    """float64 (JAX): the axis cut at random points into ``splits`` parts (one of them
+    possibly empty), each part's state folded from init on its own, merged left to right
+    and finalized, equals the reference; ``empty``: the first input along the axis is −∞
+    throughout the first part (a split every key of which is masked)."""
+    import jax
+    import jax.numpy as jnp
+    from napkin.core.primitives import EvalContext
+    from napkin.core.arrays import array_types
+    from napkin.core.semantics import bind_sizes, run
+    xs = sample(st.reference, sizes, rng, scale=3.0)
+    n = sizes[st.axis]
+    cuts = sorted(int(c) for c in rng.integers(0, n + 1, splits - 1))
+    bounds = list(zip([0] + cuts, cuts + [n]))
+    with jax.enable_x64(True):
+        xs = [jnp.asarray(x) for x in xs]
+        if empty:
+            i = next(j for j, t in enumerate(array_types(st.reference.dom)) if t.has(st.axis))
+            t = array_types(st.reference.dom)[i]
+            k = t.names.index(st.axis)
+            first = bounds[0][1] if bounds[0][1] > 0 else 1
+            idx = [slice(None)] * xs[i].ndim
+            idx[k] = slice(0, first)
+            xs[i] = xs[i].at[tuple(idx)].set(-jnp.inf)
+        env = bind_sizes(array_types(st.reference.dom), xs, {}, [str(o) for o in
+                                                                  st.reference.dom.inside])
+        ctx = EvalContext(env)
+        state = None
+        for a, b in bounds:
+            part = (run(st.spec.init, ctx) if a == b else
+                    partial_state(st, ctx, xs, a, b - a))
+            state = part if state is None else run(st.spec.merge, ctx, *state, *part)
+        args = [xs[i] for i in st.perm]
+        fixed = [x for t, x in zip(st.ins, args) if not t.has(st.axis)]
+        out = run(st.spec.finalize, ctx, *state, *fixed)
+        got = [np.asarray(out[j], np.float64) for j in st.out_perm]
+        ref = [np.asarray(v, np.float64) for v in run(st.reference, ctx, *xs)]
+    for u, v in zip(got, ref):
+        same = (u == v) | (np.isnan(u) & np.isnan(v))  # the non-finite entries must agree
+        finite = np.isfinite(u) & np.isfinite(v)
+        with np.errstate(invalid="ignore"):
+            err = np.abs(np.where(finite, u - v, 0)).max(initial=0)
+        if not (same | finite).all() or err > tol * max(np.abs(np.where(finite, v, 0)).max(
+                initial=0), 1):
+            raise Failed(f"splits {bounds}: the merged result differs from f (largest "
+                         f"difference {err:.3g}; non-finite entries that disagree: "
+                         f"{int((~(same | finite)).sum())}); counterexample at the inputs drawn")
+    return f"splits {bounds}{', the first all −∞' if empty else ''}: equal within {tol:g}"
+
+
+def merge_checks(proof: Proof, st, sizes: dict, what: str, seed: int = 27):
+    """The merge in float64 on splits the accumulator's own fold does not make: three
+    parts at random cuts (one may be empty), and a first part that is all −∞."""
+    rng = np.random.default_rng(seed)
+    proof.check(f"{what}: merged splits = f (float64, JAX; an empty split, an all −∞ one)",
+                lambda: "; ".join(merge_numeric(st, sizes, rng, empty=e)
+                                  for e in (False, False, True)), "numeric")
 
 
 def ragged(rng: np.random.Generator, lo: int, hi: int) -> tuple[int, int]:

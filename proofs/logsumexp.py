@@ -30,7 +30,8 @@ from __future__ import annotations
 import numpy as np
 
 from proofs._core import (CHUNK, SIZES, Failed, Proof, accumulator_obligations, as_f64, bf16,
-                          numeric, ragged, sample, stream_rule)
+                          merge_checks, numeric, ragged, sample,
+                          stream_rule)
 
 RULE = "logsumexp"
 
@@ -66,6 +67,7 @@ def prove():
                 "structure")
     if "st" in box:
         accumulator_obligations(proof, box["st"], {"n": 1}, "logsumexp_x L")
+        merge_checks(proof, box["st"], {"n": 4, "x": 9}, "logsumexp_x L")
 
     rng = np.random.default_rng(12)
     sizes, tiles = {"n": SIZES["n"], "x": SIZES["x"]}, {"s_x": CHUNK}

@@ -26,7 +26,8 @@ from __future__ import annotations
 import numpy as np
 
 from proofs._core import (CHUNK, SIZES, Failed, Proof, accumulator_obligations, as_f64, bf16,
-                          numeric, ragged, sample, stream_rule)
+                          merge_checks, numeric, ragged, sample,
+                          stream_rule)
 
 RULE = "max"
 
@@ -64,6 +65,7 @@ def prove():
     st = derive(proof, {})
     if st is not None:
         accumulator_obligations(proof, st, {"n": 1}, "max_x X")
+        merge_checks(proof, st, {"n": 4, "x": 9}, "max_x X")
     rng = np.random.default_rng(11)
     sizes, tiles = {"n": SIZES["n"], "x": SIZES["x"]}, {"s_x": CHUNK}
 

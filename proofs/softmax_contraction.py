@@ -61,7 +61,7 @@ from __future__ import annotations
 import numpy as np
 
 from proofs._core import (CHUNK, SIZES, Failed, Proof, accumulator_obligations, as_f64, bf16,
-                          library, numeric, ragged, sample, stream_rule)
+                          library, merge_checks, numeric, ragged, sample, stream_rule)
 
 RULE = "softmax_contraction"
 
@@ -206,6 +206,7 @@ def prove():
                 "structure")
     if st is not None:
         symbolic_part(proof, st)
+        merge_checks(proof, st, {"q": 4, "x": 9, "d": 3}, "softmax_x(S)·V")
     sink = {}
 
     def derive_sink():

@@ -41,7 +41,8 @@ from __future__ import annotations
 import numpy as np
 
 from proofs._core import (CHUNK, SIZES, Failed, Proof, accumulator_obligations, as_f64, bf16,
-                          library, numeric, ragged, sample, stream_rule)
+                          library, merge_checks, numeric, ragged, sample,
+                          stream_rule)
 
 RULE = "sum_contraction"
 
@@ -94,6 +95,9 @@ def prove():
         if what in streams:
             accumulator_obligations(proof, streams[what], sizes, what,
                                     folds=((1, 1, 1), (2, 1, 2)), uniform=((5, 2),))
+    for what in ("contraction A[x,d]·B[x,e] → C[d,e]", "sum_x X", "mean_x X"):
+        if what in streams:
+            merge_checks(proof, streams[what], {"x": 9, "d": 2, "e": 3, "n": 4}, what)
 
     rng = np.random.default_rng(13)
 

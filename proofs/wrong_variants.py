@@ -20,7 +20,10 @@ breaks:
    chunk (the symbolic index takes every integer value);
 4. softmax·V with a sink, the sink added in every update (z′ = δz + Σ exp(y − m)
    + exp(s − m)) and the finalize without it: one chunk is right, two count the
-   sink twice.
+   sink twice;
+5. softmax·V whose merge forgets to rescale (μ = max(μa, μb), z = za + zb, o = oa + ob):
+   the stream itself is right, so every obligation but the merge law holds — and that
+   one fails as soon as the two splits' maxima differ (each z, o is relative to its own).
 """
 from __future__ import annotations
 
@@ -28,8 +31,8 @@ import dataclasses
 
 import numpy as np
 
-from proofs._core import (CHUNK, SIZES, Proof, ProofResult, accumulator_obligations, numeric,
-                          sample, with_stream)
+from proofs._core import (CHUNK, SIZES, Proof, ProofResult, accumulator_obligations,
+                          merge_checks, numeric, sample, with_stream)
 
 
 def _trace_like(fn, diagram, name):
@@ -134,6 +137,22 @@ def sink_in_every_update():
     return with_stream(st, wrong)
 
 
+def merge_without_rescale():
+    """Variant 5: the softmax-contraction merge adds the two states unrescaled."""
+    from napkin.frontend import ops
+    from proofs._core import stream_rule
+    from proofs.softmax_contraction import generic
+    st = stream_rule(generic(), "x")
+    spec = st.spec
+
+    def merge(mu, z, o, mu_y, z_y, o_y):
+        return [ops.maximum(mu, mu_y, as_="mu"), ops.add(z, z_y, as_="z"),
+                ops.add(o, o_y, as_="o")]
+    wrong = dataclasses.replace(spec, merge=_trace_like(merge, spec.merge, "merge (no rescale)"),
+                                rule="softmax_contraction, merge without rescale")
+    return with_stream(st, wrong)
+
+
 VARIANTS = {
     "wrong: softmax_contraction without the rescale exp(μ − μ′)":
         (softmax_without_rescale, {"q": 1, "d": 1}, "softmax_x(S)·V, no rescale",
@@ -145,6 +164,9 @@ VARIANTS = {
          {"n": SIZES["n"], "x": SIZES["x"]}),
     "wrong: softmax_contraction with the sink added in every update":
         (sink_in_every_update, {"q": 1, "d": 1}, "softmax_x(S, sink=s)·V, sink per chunk",
+         {k: SIZES[k] for k in "qxd"}),
+    "wrong: softmax_contraction merged without the rescale (splits' z, o added as they are)":
+        (merge_without_rescale, {"q": 1, "d": 1}, "softmax_x(S)·V, merge without rescale",
          {k: SIZES[k] for k in "qxd"}),
 }
 
@@ -165,6 +187,8 @@ def prove_variant(name: str) -> ProofResult:
                        sample(st.reference, num_sizes, rng, scale=3.0, kinds=kinds),
                        sizes_rhs={f"s_{st.axis}": CHUNK}, tol=1e-9)
     proof.check(f"{what}: float64, ragged last chunk (JAX)", num, "numeric")
+    if st.spec.merge is not None:
+        merge_checks(proof, st, num_sizes, what)
     return proof.result()
 
 

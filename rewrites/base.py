@@ -139,6 +139,12 @@ class Streamability:
         """The outputs from the final state; ``extra``: the values of ``claim.extra``."""
         raise NotImplementedError
 
+    def merge(self, graph, claim, axis, a, b):
+        """The state of x ⊕ y from the states of x and of y (y after x along the axis):
+        the associative combine that lets chunks fold in parallel.  None: this
+        accumulator has no merge (its stream stays sequential)."""
+        return None
+
 
 def acc_dtype(dtype: str) -> str:
     """Accumulate low-precision inputs in float32."""

@@ -11,6 +11,16 @@ from napkin.frontend import ops
 from rewrites.base import Claim, Streamability, acc_dtype, ob
 
 
+def rescaled_max(mu_a, mu_b):
+    """(μ, (δa, δb)) for merging two running maxima: μ = max(μa, μb) and each side's
+    rescale exp(μᵢ − m), m = μ where finite, else 0 (two states that saw only −∞ keep
+    z = 0 rather than exp(−∞ + ∞) = NaN)."""
+    mu = ops.maximum(mu_a, mu_b, as_="mu")
+    shift = ops.finite_or_zero(mu, as_="shift")
+    return mu, (ops.exp(ops.sub(mu_a, shift), as_="delta"),
+                ops.exp(ops.sub(mu_b, shift), as_="delta"))
+
+
 class LogSumExp(Streamability):
     name = "logsumexp"
     summary = "logsumexp over the axis: (μ, z) with rescale exp(μ − μ′)"
@@ -40,6 +50,11 @@ class LogSumExp(Streamability):
         delta = ops.exp(ops.sub(mu, shift), as_="delta")
         z2 = ops.add(ops.mul(z, delta), ops.sum_(ops.exp(ops.sub(x, shift)), axis), as_="z")
         return [mu2, z2]
+
+    def merge(self, graph, claim, axis, a, b):
+        mu, deltas = rescaled_max(a[0], b[0])
+        z = ops.add(ops.mul(a[1], deltas[0]), ops.mul(b[1], deltas[1]), as_="z")
+        return [mu, z]
 
     def finalize(self, graph, claim, axis, state, extra=()):
         mu, z = state

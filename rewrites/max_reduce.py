@@ -29,5 +29,8 @@ class MaxReduce(Streamability):
     def update(self, graph, claim, axis, state, ins):
         return [ops.maximum(state[0], ops.max_(ins[0], axis), as_=state[0].name)]
 
+    def merge(self, graph, claim, axis, a, b):
+        return [ops.maximum(a[0], b[0], as_=a[0].name)]
+
     def finalize(self, graph, claim, axis, state, extra=()):
         return [state[0]]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from napkin.frontend import ops
 from rewrites.base import Claim, Streamability, acc_dtype, ob
+from rewrites.logsumexp import rescaled_max
 
 
 class SoftmaxContraction(Streamability):
@@ -82,6 +83,12 @@ class SoftmaxContraction(Streamability):
         pv = ops.contract(*args, out=list(claim.data["out"]), name="Σ p·v")
         o2 = ops.add(ops.mul(o, delta), pv, as_="o")
         return [mu2, z2, o2]
+
+    def merge(self, graph, claim, axis, a, b):
+        mu, (da, db) = rescaled_max(a[0], b[0])
+        z = ops.add(ops.mul(a[1], da), ops.mul(b[1], db), as_="z")
+        o = ops.add(ops.mul(a[2], da), ops.mul(b[2], db), as_="o")
+        return [mu, z, o]
 
     def finalize(self, graph, claim, axis, state, extra=()):
         mu, z, o = state

@@ -36,7 +36,7 @@ from napkin.core.streamed import Stream
 from napkin.frontend.trace import trace
 from rewrites import tiles
 from rewrites.accumulators import STREAMABILITY
-from rewrites.base import Rule, ob, replacement
+from rewrites.base import Rule, Streamability, ob, replacement
 from rewrites.group_partition import mixing_reason
 
 
@@ -196,13 +196,23 @@ def build_stream(graph, reg, axis, chunk, claims, pre, post):
                 else ops.cast(env[v], ob(graph, v).type.dtype, as_=ob(graph, v).name)
                 for v in reg.outputs]
 
+    def merge(*args):
+        a, b, out, i = args[:len(flat)], args[len(flat):], [], 0
+        for c, st in zip(claims, states):
+            out += c.rule.merge(graph, c, axis, list(a[i:i + len(st)]), list(b[i:i + len(st)]))
+            i += len(st)
+        return out
+
     rule = "+".join(dict.fromkeys(c.rule.name for c in claims))
+    mergeable = all(type(c.rule).merge is not Streamability.merge for c in claims)
     return Stream(axis, chunk,
                   trace(init, [], "init"),
                   trace(update, flat + chunked, "update"),
                   trace(finalize, flat + [(ob(graph, v).name, ob(graph, v).type) for v in fixed],
                         "finalize"),
-                  rule)
+                  rule,
+                  trace(merge, flat + [(n + "_y", t) for n, t in flat], "merge")
+                  if mergeable else None)
 
 
 class StreamPartition(Rule):

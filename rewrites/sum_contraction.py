@@ -54,6 +54,9 @@ class SumContraction(Streamability):
             part = ops.sum_(ins[0], axis, name="Σ chunk")
         return [ops.add(state[0], part, as_=state[0].name)]
 
+    def merge(self, graph, claim, axis, a, b):
+        return [ops.add(a[0], b[0], as_=a[0].name)]
+
     def finalize(self, graph, claim, axis, state, extra=()):
         spec = graph.nodes[claim.nodes[0]]["box"].spec
         o = ob(graph, claim.outputs[0])

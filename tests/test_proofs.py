@@ -38,6 +38,10 @@ def test_proofs_check_symbolic_and_numeric_obligations(results):
                  "stream_partition"):
         descs = " ".join(o.description for o in by_rule[name].obligations)
         assert "accumulator law update(state(x), y) = state(x ⊕ y)" in descs, name
+        # every accumulator has a merge, proved symbolically and on splits in float64
+        assert "merge law merge(state(x), state(y)) = state(x ⊕ y)" in descs, name
+        if name != "stream_partition":
+            assert "merged splits = f" in descs, name
 
 
 def test_proof_modules_are_named_by_the_rules(results):
@@ -56,6 +60,11 @@ def test_wrong_variants_fail(wrong):
     for r in accumulators:
         assert not r.ok, r.summary()
         failed = [o.description for o in r.failed]
+        if "merge" in r.rule:  # a right stream with a wrong merge: only the merge fails
+            assert failed and all("merge" in d for d in failed), r.summary()
+            assert {o.kind for o in r.failed} == {"symbolic", "numeric"}, r.summary()
+            assert "merge law" in r.detail and "counterexample" in r.detail
+            continue
         assert any("accumulator law" in d for d in failed), r.summary()
         assert any(o.kind == "numeric" for o in r.failed), r.summary()
         # the detail names the failed obligation and shows a counterexample

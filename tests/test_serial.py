@@ -66,3 +66,25 @@ def test_deep_nesting_is_refused():
     data["boxes"][0]["spec"]["fields"]["out"] = value
     with pytest.raises(SerialError, match="nests too deep"):
         from_data(copy.deepcopy(data))
+
+
+def test_a_streams_merge_travels_with_it():
+    """The merge a stream keeps (what a parallel split folds with) is part of the data and
+    of the fingerprint: rebuilt from JSON it is the same diagram; dropped, the program is
+    another one."""
+    import dataclasses
+    from napkin.core.ir import view
+    from napkin.core.streamed import Stream
+    from proofs._core import stream_rule, with_stream
+    from proofs.softmax_contraction import generic
+    st = stream_rule(generic(), "x")
+    assert st.spec.merge is not None
+    assert [o.name for o in st.spec.merge.dom.inside] == ["mu", "z", "o", "mu_y", "z_y", "o_y"]
+    back = from_data(json.loads(json.dumps(to_data(st.rewritten))))
+    assert fingerprint(back) == fingerprint(st.rewritten)
+    (box,) = [view(back).nodes[n]["box"] for n in view(back).nodes
+              if view(back).nodes[n]["kind"] == "op"]
+    assert isinstance(box.spec, Stream) and box.spec.merge is not None
+    without = with_stream(st, dataclasses.replace(st.spec, merge=None))
+    assert without.spec.merge is None
+    assert fingerprint(without.rewritten) != fingerprint(st.rewritten)

@@ -213,13 +213,16 @@ class Stream(Spec):
     update: Any         # Diagram: state @ inputs (axis at chunk size) -> state
     finalize: Any       # Diagram: state @ inputs lacking the axis -> outputs
     rule: str = "stream"
+    merge: Any = None   # Diagram: state @ state -> state (x's, then y's: the state of x ⊕ y),
+                        # or None where an accumulator has no merge
     kind: ClassVar[str] = "stream"
     n_in: ClassVar[None] = None
 
     @property
     def bodies(self) -> tuple:
         """The diagrams this box holds."""
-        return (self.init, self.update, self.finalize)
+        return (self.init, self.update, self.finalize) + \
+            (() if self.merge is None else (self.merge,))
 
     @property
     def n_state(self) -> int:
@@ -287,12 +290,13 @@ class Stream(Spec):
             return self
         return Stream(self.axis, self.chunk, relabel(self.init, axis, size),
                       relabel(self.update, axis, size), relabel(self.finalize, axis, size),
-                      self.rule)
+                      self.rule, None if self.merge is None else relabel(self.merge, axis, size))
 
     def unwoven(self, axis):
         from napkin.frontend.weave import unweave
         return Stream(self.axis, self.chunk, unweave(self.init, axis),
-                      unweave(self.update, axis), unweave(self.finalize, axis), self.rule)
+                      unweave(self.update, axis), unweave(self.finalize, axis), self.rule,
+                      None if self.merge is None else unweave(self.merge, axis))
 
     def label(self):
         return f"stream {self.axis} ({self.chunk}) [{self.rule}]"
