@@ -19,7 +19,7 @@ import numpy as np
 from napkin.core.arrays import array_types
 from napkin.core.errors import NapkinError, ShapeError
 from napkin.core.ir import ops as op_order, view
-from napkin.lower.backends import DEFAULT
+from napkin.lower.backends import DEFAULT, VARYING
 from napkin.lower.emit import identifier
 from napkin.lower.kernel import LoweredKernel, interpret_mode
 from napkin.core.semantics import bind_sizes, fold_boxes
@@ -189,7 +189,7 @@ class LoweredProgram:
                 f'{self.name}, written by napkin.lower: a program of {len(plan.steps)} kernels.',
                 "", "Run it with forward(*inputs, interpret=True) on a CPU, interpret=False on a "
                 "GPU.", '"""', "import jax", "import jax.numpy as jnp", "from jax import lax",
-                "from jax.experimental import pallas as pl"]
+                "from jax.experimental import pallas as pl", "", *VARYING, ""]
         if "triton" in written:
             head.append("from jax.experimental.pallas import triton as plt")
         if "mosaic" in written:  # with the helpers its kernels call, once

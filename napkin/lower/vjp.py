@@ -50,19 +50,26 @@ def differentiable(forward, algorithm, saving_kernel, backward_kernel):
                      for i, x in enumerate(xs))
 
     kernel.defvjp(kernel_fwd, kernel_bwd)
-    return Differentiable(forward, kernel)
+    return Differentiable(forward, kernel, [ob.name for ob in algorithm.dom.inside], ins)
 
 
 class Differentiable:
     """A lowered kernel (``forward``: its source, plan, launch, report — every attribute
-    reads through) whose call has a derivative.  A call with keywords (``interpret=``) runs
-    the forward kernel as it is."""
+    reads through) whose call has a derivative.  Inputs by position or by the diagram's
+    names (``k(Q=q, K=k, V=v)``); leading axes beyond an input's own are batch axes, mapped
+    in one launch (``napkin.lower.call``: (B, H, S, D) for attention's Q[q, d]).  A call
+    with ``interpret=`` runs the forward kernel as it is (no derivative)."""
 
-    def __init__(self, forward, fn):
+    def __init__(self, forward, fn, names, types):
         self.forward, self._fn = forward, fn
+        self.names, self.types = list(names), list(types)
 
-    def __call__(self, *arrays, **options):
-        return self.forward(*arrays, **options) if options else self._fn(*arrays)
+    def __call__(self, *arrays, interpret=None, **by_name):
+        from napkin.lower.call import bind, call_batched
+        xs = bind(self.forward.name, self.names, arrays, by_name)
+        fn = self._fn if interpret is None else \
+            (lambda *a: self.forward(*a, interpret=interpret))
+        return call_batched(fn, self.forward.name, self.names, self.types, xs)
 
     def __getattr__(self, name):
         return getattr(self.forward, name)

@@ -24,6 +24,15 @@ from dataclasses import dataclass, field
 
 from napkin.core.errors import NapkinError
 
+# Every written module defines this (its header): inside ``jax.shard_map`` (check_vma) a
+# kernel's outputs must say how they vary over the manual mesh axes — as the inputs that
+# vary most (outside shard_map every input's is empty, and the field is not read).
+VARYING = [
+    "def _varying(*xs):",
+    '    """How the outputs vary over a shard_map\'s mesh axes: as the most varying input."""',
+    "    return max((jax.typeof(x).mat for x in xs), key=lambda m: len(m.varying))",
+]
+
 BACKENDS = {
     "triton": "napkin.lower.backends.triton",
     "mosaic": "napkin.lower.backends.mosaic_gpu",

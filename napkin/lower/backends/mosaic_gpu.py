@@ -54,7 +54,7 @@ import sympy
 
 from napkin.core.arrays import array_types
 from napkin.core.errors import NapkinError
-from napkin.lower.backends import Written, load_module
+from napkin.lower.backends import VARYING, Written, load_module
 from napkin.lower.backends.mosaic_emit import HELPERS, MosaicRecorder, MosaicWriter, SmemRef
 from napkin.lower.emit import LOW_PRECISION, Var, dtype_name
 from napkin.core.ir import to_graph
@@ -725,8 +725,9 @@ class _Spelling:
                 "Run it with forward(*inputs) on a Hopper GPU, interpret=True on a CPU.", '"""',
                 "import jax", "import jax.numpy as jnp", "from jax import lax",
                 "from jax.experimental import pallas as pl",
-                "from jax.experimental.pallas import mosaic_gpu as plgpu", ""]
-        out_type = ", ".join(f"jax.ShapeDtypeStruct({o.shape}, {dtype_name(o.dtype)})"
+                "from jax.experimental.pallas import mosaic_gpu as plgpu", "", *VARYING, ""]
+        out_type = ", ".join(f"jax.ShapeDtypeStruct({o.shape}, {dtype_name(o.dtype)}, "
+                             f"manual_axis_type=_varying({args}))"
                              for o in plan.outputs)
         fwd = ["", "",
                f"def {k.symbol('forward')}({args}, *, interpret=False):",

@@ -35,7 +35,7 @@ import sympy
 
 from napkin.core.arrays import array_types
 from napkin.core.errors import NapkinError
-from napkin.lower.backends import Written, load_module
+from napkin.lower.backends import VARYING, Written, load_module
 from napkin.lower.emit import Recorder, Var, Writer, dtype_name, identifier
 from napkin.lower.plan import BlockRules, KernelPlan, reduction_neutral, tile_indices
 from napkin.core.primitives import EvalContext, align
@@ -645,6 +645,8 @@ class _Spelling:
             "from jax.experimental import pallas as pl",
             "from jax.experimental.pallas import triton as plt",
             "",
+            *VARYING,
+            "",
         ]
         grid_name = k.symbol("GRID")
         # in a program's module, each kernel says what it is (the module docstring is the program's)
@@ -662,7 +664,8 @@ class _Spelling:
         fwd += ["        ],", "        out_specs=["]
         fwd += ["            " + spec_line(o) for o in plan.outputs]
         fwd += ["        ],", "        out_shape=["]
-        fwd += [f"            jax.ShapeDtypeStruct({o.shape}, {dtype_name(o.dtype)}),"
+        fwd += [f"            jax.ShapeDtypeStruct({o.shape}, {dtype_name(o.dtype)}, "
+                f"manual_axis_type=_varying({args})),"
                 for o in plan.outputs]
         fwd += ["        ],",
                 f"        compiler_params=plt.CompilerParams(num_warps="
