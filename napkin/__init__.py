@@ -23,14 +23,18 @@ from napkin.frontend.weave import weave
 __all__ = [
     "Array", "ArrayType", "Axis", "CompositionError", "Diagram", "Id", "NapkinError",
     "Optimized", "RuleError", "ShapeError", "algorithm", "axes", "evaluate", "from_jax", "grad",
-    "optimize", "trace", "wire", "weave",
+    "jit", "optimize", "trace", "wire", "weave",
 ]
 
 
 def __getattr__(name):
-    """``napkin.optimize`` and ``napkin.Optimized`` (napkin.pipeline), imported when first
-    used: the pipeline pulls in the search, the cost model and the lowering."""
+    """``napkin.optimize`` and ``napkin.Optimized`` (napkin.pipeline), and ``napkin.jit``
+    (napkin.pipeline), imported when first used: the pipeline pulls in the search, the cost
+    model and the lowering."""
     if name in ("optimize", "Optimized"):
         from napkin import pipeline
         return getattr(pipeline, name)
+    if name == "jit":
+        from napkin.pipeline import jit
+        return jit
     raise AttributeError(f"module 'napkin' has no attribute {name!r}")

@@ -8,7 +8,8 @@ tiles, launch parameters, cost, certificate, schedule and kernel.
     fa.kernel()(Q, K, V)             # a JAX function (Pallas; interpret mode without a GPU)
 
 The command line (optimize, cost, lower, run, pseudocode, demo, draw --streamed) is a
-thin layer over :func:`optimize`.  Nothing heavy is imported until it is called.
+thin layer over :func:`optimize`; :func:`jit` is the same as a decorator of a plain JAX
+function.  Nothing heavy is imported until it is called.
 """
 from __future__ import annotations
 
@@ -365,4 +366,128 @@ def _pow2_at_most(n: int) -> int:
     return 1 << max(int(n), 1).bit_length() - 1
 
 
-__all__ = ["Optimized", "check_instance", "optimize", "sizes_for"]
+# ----------------------------------------------------------------------------- napkin.jit
+def jit(fn=None, *, axes=None, hardware="h100", backend: str = "auto", interpret="auto",
+        cache: bool = True):
+    """A plain JAX function run as napkin's searched, certified kernel:
+
+        @napkin.jit(axes=["q d", "x d", "x d"])
+        def attention(Q, K, V):
+            return jax.nn.softmax(Q @ K.T / 8.0, axis=-1) @ V
+
+        out = attention(q, k, v)      # first call at these shapes: import, search, lower
+
+    On the first call at new shapes and dtypes the function is read into a diagram
+    (:func:`napkin.from_jax`, with ``axes`` naming each argument's dimensions), searched at
+    those sizes on ``hardware`` and lowered; later calls reuse the kernel.  The chosen program
+    is kept in the program cache (:mod:`napkin.certify.cache`, ``NAPKIN_CACHE_DIR``), so another
+    process pays neither the search nor the derivation — it replays the cached certificate on the
+    diagram it imported, and an entry that does not replay is searched again.  The kernel has a
+    derivative (``jax.grad`` searches the backward when first asked) and takes leading batch
+    axes (napkin.lower.call): with ``axes`` given, dimensions before those it names are batch
+    axes, as if the function were ``jax.vmap``-ed over them (batched inputs share them; an input
+    without them is broadcast).
+
+    ``cache=False``: search in every process."""
+    if fn is None:
+        return functools.partial(jit, axes=axes, hardware=hardware, backend=backend,
+                                 interpret=interpret, cache=cache)
+    return Compiled(fn, axes, hardware, backend, interpret, cache)
+
+
+class Compiled:
+    """A function compiled per argument shapes and dtypes; ``optimized(*args)`` is the
+    :class:`~napkin.pipeline.Optimized` behind a call, ``how[shapes]`` whether it was
+    "searched" or read from the "cache"."""
+
+    def __init__(self, fn, axes, hardware, backend, interpret, cache):
+        from napkin.lower.kernel import interpret_mode
+        interpret_mode(interpret)  # a bad value is one line now, not at the first call
+        self.fn, self.axes, self.hardware = fn, axes, hardware
+        self.backend, self.interpret, self.cache = backend, interpret, cache
+        self._built: dict = {}
+        self.how: dict = {}
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args):
+        return self._entry(args)[1](*args)
+
+    def optimized(self, *args):
+        return self._entry(args)[0]
+
+    def _entry(self, args):
+        import jax.numpy as jnp
+        import numpy as np
+        k = tuple((tuple(np.shape(a)), str(jnp.result_type(a))) for a in args)
+        if k not in self._built:
+            opt = self._optimized(args, k)
+            self._built[k] = opt, opt.kernel(self.backend, interpret=self.interpret)
+        return self._built[k]
+
+    def _optimized(self, args, k):
+        import jax
+        import jax.numpy as jnp
+        import numpy as np
+        from napkin.certify import cache
+        from napkin.frontend.jaxpr import from_jax
+        from napkin.search.engine import Evaluator
+        # leading dimensions beyond those ``axes`` names are batch axes: the function is
+        # read at one entry's shapes and the kernel maps the rest (as jax.vmap of it would)
+        ranks = _ranks(self.fn, self.axes, len(args))
+        structs = [jax.ShapeDtypeStruct(np.shape(a)[max(0, np.ndim(a) - r):] if r is not None
+                                        else np.shape(a), jnp.result_type(a))
+                   for a, r in zip(args, ranks)]
+        diagram = from_jax(self.fn, *structs, axes=self.axes)
+        from napkin.core.arrays import canonical_dtype
+        from napkin.core.primitives import FLOATING
+        # the narrowest floating argument's dtype: what the certificate and the kernel take
+        floating = [d for d in (canonical_dtype(str(s.dtype)) for s in structs) if d in FLOATING]
+        dtype = min(floating, key=lambda d: {"f64": 8, "f32": 4}.get(d, 2), default="f32")
+        name = getattr(self.fn, "__name__", "fn")
+        sizes = dict(diagram.sizes)
+        hw = Evaluator(self.hardware, sizes, dtype).hw  # the profile as the search sees it
+        if self.cache:
+            found = cache.load(diagram, sizes, dtype, hw, name)
+            if found is not None:
+                self.how[k] = "cache"
+                return _from_cache(found, diagram, sizes, dtype, hw)
+        opt = dataclasses.replace(optimize(diagram, self.hardware, sizes, dtype), name=name)
+        if self.cache:
+            best = opt.search.best
+            cache.store(diagram, sizes, dtype, hw, cache.Entry(
+                name, opt.chain, dict(opt.tiles), dict(opt.launch), list(best.tiles.launch),
+                best.time_s), check_instance(opt.sizes, opt.tiles))
+        self.how[k] = "searched"
+        return opt
+
+
+def _ranks(fn, axes, n: int) -> list:
+    """How many dimensions ``axes`` names for each argument (None: not named)."""
+    if axes is None:
+        return [None] * n
+    if isinstance(axes, dict):
+        from napkin.frontend.jaxpr import arg_names
+        axes = [axes.get(name) for name in arg_names(fn, n)]
+    out = []
+    for entry in list(axes) + [None] * (n - len(axes)):
+        if entry is None:
+            out.append(None)
+        else:
+            out.append(len(entry.split()) if isinstance(entry, str) else len(entry))
+    return out
+
+
+def _from_cache(entry, diagram, sizes, dtype, hardware) -> Optimized:
+    """An :class:`Optimized` from a replayed cache entry: what the search's result is read for
+    (the best program, chain, cost, launches), without the search."""
+    from types import SimpleNamespace
+    from napkin.cost import cost
+    best = SimpleNamespace(program=entry.program, chain=entry.chain,
+                           cost=cost(entry.program, hardware, dtype), time_s=entry.time_s,
+                           tiles=SimpleNamespace(values=entry.tiles, launch=entry.launches))
+    found = SimpleNamespace(best=best, hardware=hardware)
+    return Optimized(entry.name, diagram, None, hardware, dict(sizes), dtype, found,
+                     dict(entry.tiles), dict(entry.launch))
+
+
+__all__ = ["Compiled", "Optimized", "check_instance", "jit", "optimize", "sizes_for"]

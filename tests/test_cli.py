@@ -154,3 +154,24 @@ def test_run_backward_compares_the_gradients(capsys):
                        "--size", "x=56", "--size", "d=16")
     assert rc == 0, err
     assert "backward: 2 programs (dQ: " in out and "jax.grad max relative error" in out
+
+
+def test_a_search_shows_its_progress_on_a_terminal_only():
+    """One rewritten line on a terminal while the search runs, cleared after; nothing on a
+    pipe or a log."""
+    import io
+    from napkin.cli import _progress
+    from napkin.pipeline import optimize
+    from napkin.search import engine
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+    shown, piped = Terminal(), io.StringIO()
+    with _progress(shown):
+        optimize("gqa", "h100", None, "bf16", max_states=3000)
+    with _progress(piped):
+        optimize("attention", "h100", None, "bf16")
+    text = shown.getvalue()
+    assert text.startswith("\rsearching: ") and " states, best " in text
+    assert text.endswith("\r\033[K") and piped.getvalue() == "" and engine.PROGRESS is None

@@ -698,8 +698,15 @@ def derive(algorithm, steps, sizes: dict, tiles: dict, dtype: str = "f32",
     the body there).  Raises :class:`~napkin.core.errors.RuleError` when a premise
     fails.  The certificate is not checked numerically here: run the checker.
     """
+    return derive_from(load_algorithm(algorithm, base), algorithm, steps, sizes, tiles, dtype,
+                       base, launch)
+
+
+def derive_from(src: Source, algorithm, steps, sizes: dict, tiles: dict, dtype: str = "f32",
+                base: Path | None = None, launch: dict | None = None) -> Certificate:
+    """:func:`derive` from a loaded algorithm (``src.build(dtype)`` is the diagram): the
+    certificate names it ``algorithm``."""
     from rewrites import get_rule
-    src = load_algorithm(algorithm, base)
     dtype = canonical_dtype(dtype)
     program = src.build(dtype)
     source = fingerprint(program)

@@ -90,6 +90,36 @@ def _check_command(argv: list[str]) -> None:
                          f"(see '{PROG} --help')")
 
 
+class _progress:
+    """While a command runs, a search's progress on one rewritten line of ``stream`` — on a
+    terminal only (a log or a pipe gets no carriage returns); the line is cleared after."""
+
+    def __init__(self, stream):
+        self.stream, self.shown = stream, False
+
+    def show(self, states: int, best_s: float, elapsed: float) -> None:
+        best = f"best {best_s * 1e6:,.1f} µs" if best_s < float("inf") else "nothing fits yet"
+        self.stream.write(f"\rsearching: {states} states, {best}, {elapsed:.0f} s ")
+        self.stream.flush()
+        self.shown = True
+
+    def __enter__(self):
+        self.engine = None
+        if getattr(self.stream, "isatty", lambda: False)():  # the search imported only then
+            from napkin.search import engine
+            self.engine, self.before = engine, engine.PROGRESS
+            engine.PROGRESS = self.show
+        return self
+
+    def __exit__(self, *exc):
+        if self.engine is not None:
+            self.engine.PROGRESS = self.before
+        if self.shown:
+            self.stream.write("\r\033[K")
+            self.stream.flush()
+        return False
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; return the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -101,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command is None:
             raise UsageError(f"no command given; commands: {', '.join(options.COMMANDS)} "
                              f"(see '{PROG} --help')")
-        status = options.COMMANDS[args.command].run(args)
+        with _progress(sys.stderr):
+            status = options.COMMANDS[args.command].run(args)
         return 0 if status is None else int(status)
     except SystemExit as e:  # --help and --version
         return e.code if isinstance(e.code, int) else 0

@@ -194,6 +194,26 @@ def replay(cert, path=None):
 
 
 # ----------------------------------------------------------------------------- rules
+@command("cache", "list or clear the program cache (napkin.jit's searched programs; "
+                  "NAPKIN_CACHE_DIR, default ~/.cache/napkin)",
+         arg("action", choices=["ls", "clear"], help="ls: one line per entry; clear: remove all"))
+def _cache(args) -> int:
+    from napkin.certify import cache
+    if args.action == "clear":
+        print(f"removed {cache.clear()} entries from {cache.folder()}")
+        return 0
+    rows = []
+    for e in cache.entries():
+        if e.get("unreadable"):
+            rows.append(("?", "", "", "", f"unreadable: {e['path'].name}"))
+            continue
+        sizes = " ".join(f"{k}={v}" for k, v in e["sizes"].items())
+        rows.append((e["name"], e["dtype"], e["hardware"], f"{e['time_s']:.3g} s",
+                     sizes + ("" if e["current"] else "  (older code: searched again when used)")))
+    print(table(rows) if rows else f"no entries in {cache.folder()}")
+    return 0
+
+
 @command("rules", "list the rule library, one line each")
 def _rules(args) -> int:
     from rewrites import RULES, STREAMABILITY

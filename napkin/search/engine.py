@@ -45,6 +45,9 @@ from napkin.hardware import DTYPE_BYTES, get_hardware
 from napkin.core.region import Site, body_at
 from rewrites import RULES
 
+# A callable (states, best modelled seconds, elapsed seconds) the search calls about once a
+# second while it runs (the CLI shows it on a terminal); None: silent.
+PROGRESS = None
 PATIENCE = 110  # states costed without a better program before the search stops (see search)
 SIGNIFICANT = 0.005  # a better program resets the patience when it is this much faster
 
@@ -688,7 +691,11 @@ def _best_first(roots, ev: "Evaluator", max_states: int, max_seconds: float, t0:
     # backend writes fits — an early incumbent, so that pruning and patience start at once
     # (best-first from the root spends hundreds of states on programs that fit nowhere)
     dive, expanded = None, set()
+    shown = time.perf_counter()
     while (frontier or dive is not None) and not partly:
+        if PROGRESS is not None and time.perf_counter() - shown >= 1.0:
+            shown = time.perf_counter()
+            PROGRESS(run.graph.number_of_nodes(), run.best.time_s, shown - t0)
         if run.graph.number_of_nodes() >= max_states:
             run.limit = f"state limit {max_states} reached ({len(frontier)} states unexpanded)"
             break
