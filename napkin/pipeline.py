@@ -123,6 +123,13 @@ class Optimized:
         takes the kernel, else Triton), "triton" or "mosaic".  ``dtype``: the kernel's input
         and output dtype (default: the searched one)."""
         from napkin.lower.vjp import differentiable
+        if dtype is not None:
+            from napkin.core.arrays import canonical_dtype
+            from napkin.core.primitives import FLOATING
+            if canonical_dtype(dtype) not in FLOATING:
+                raise NapkinError(f"dtype={dtype!r}: a kernel's dtype is that of its floating "
+                                  f"inputs and outputs ({', '.join(FLOATING)}); integer inputs "
+                                  f"keep their own")
         return differentiable(
             self._forward_kernel(backend, interpret, dtype), self.algorithm,
             lambda: self.saving._forward_kernel(backend, interpret, dtype),

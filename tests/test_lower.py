@@ -680,3 +680,11 @@ def test_interpret_takes_auto_a_bool_or_on_off_and_nothing_else():
     o = nk.optimize("attention", sizes={"q": 64, "x": 64, "d": 16}, dtype="f32")
     with pytest.raises(NapkinError, match=r"interpret='bogus': give 'auto'"):
         o.kernel(interpret="bogus")
+    # every keyword of kernel() is checked: the backend, the dtype (a floating one)
+    with pytest.raises(NapkinError, match="unknown kernel backend 'cuda'"):
+        o.kernel(backend="cuda")
+    with pytest.raises(NapkinError, match="unknown dtype 'bogus'"):
+        o.kernel(dtype="bogus")
+    with pytest.raises(NapkinError, match=r"dtype='int32': a kernel's dtype is that of its "
+                                          r"floating inputs"):
+        o.kernel(dtype="int32")
