@@ -10,31 +10,35 @@ packages ``rewrites`` and ``proofs``) · ``search`` · ``certify`` (certificates
 checker) · ``schedule`` (the loop nest) · ``cost`` (a fold over it) · ``hardware`` ·
 ``lower`` (kernels) · ``views`` (pseudocode, drawings) · ``pipeline`` · ``cli``.
 """
-from napkin.core.arrays import ArrayType, Axis, axes, wire
-from napkin.core.diagram import Diagram, Id
 from napkin.core.errors import CompositionError, NapkinError, RuleError, ShapeError
-from napkin.core.semantics import evaluate
-from napkin.frontend import ops  # noqa: F401  (napkin.ops: the primitive operations)
-from napkin.frontend.grad import grad
-from napkin.frontend.jaxpr import from_jax
-from napkin.frontend.trace import Array, algorithm, trace
-from napkin.frontend.weave import weave
+
+# Everything else is imported when first used (PEP 562): ``import napkin`` — and the command
+# line, whose Ctrl-C is then one line from the start — costs no DisCoPy, JAX or sympy.
+_WHERE = {
+    "ArrayType": "napkin.core.arrays", "Axis": "napkin.core.arrays", "axes": "napkin.core.arrays",
+    "wire": "napkin.core.arrays", "Diagram": "napkin.core.diagram", "Id": "napkin.core.diagram",
+    "evaluate": "napkin.core.semantics", "grad": "napkin.frontend.grad",
+    "from_jax": "napkin.frontend.jaxpr", "Array": "napkin.frontend.trace",
+    "algorithm": "napkin.frontend.trace", "trace": "napkin.frontend.trace",
+    "weave": "napkin.frontend.weave", "optimize": "napkin.pipeline",
+    "Optimized": "napkin.pipeline", "jit": "napkin.pipeline",
+}
 
 __all__ = [
     "Array", "ArrayType", "Axis", "CompositionError", "Diagram", "Id", "NapkinError",
     "Optimized", "RuleError", "ShapeError", "algorithm", "axes", "evaluate", "from_jax", "grad",
-    "jit", "optimize", "trace", "wire", "weave",
+    "jit", "ops", "optimize", "trace", "wire", "weave",
 ]
 
 
 def __getattr__(name):
-    """``napkin.optimize`` and ``napkin.Optimized`` (napkin.pipeline), and ``napkin.jit``
-    (napkin.pipeline), imported when first used: the pipeline pulls in the search, the cost
-    model and the lowering."""
-    if name in ("optimize", "Optimized"):
-        from napkin import pipeline
-        return getattr(pipeline, name)
-    if name == "jit":
-        from napkin.pipeline import jit
-        return jit
+    import importlib
+    if name == "ops":  # napkin.ops: the primitive operations
+        return importlib.import_module("napkin.frontend.ops")
+    if name in _WHERE:
+        return getattr(importlib.import_module(_WHERE[name]), name)
     raise AttributeError(f"module 'napkin' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_WHERE) | {"ops"})

@@ -175,3 +175,36 @@ def test_a_search_shows_its_progress_on_a_terminal_only():
     text = shown.getvalue()
     assert text.startswith("\rsearching: ") and " states, best " in text
     assert text.endswith("\r\033[K") and piped.getvalue() == "" and engine.PROGRESS is None
+
+
+def test_the_command_line_starts_without_the_heavy_libraries():
+    """``from napkin.cli import main`` (what the console script runs before main can catch
+    anything) imports neither JAX, DisCoPy nor sympy: a Ctrl-C during start-up lands inside
+    main, one line; they load when a command needs them."""
+    import subprocess
+    import sys
+    probe = ("import sys; from napkin.cli import main; import napkin; "
+             "print(sorted(m for m in ('jax', 'discopy', 'sympy', 'networkx') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--tile", "g_q=7"], "--tile g_q=7: the Triton backend takes power-of-two tiles (or one "
+                          "covering the whole axis, 256)"),
+    (["--interpret", "off"], "--interpret off: a compiled kernel runs on a GPU"),
+    (["--size", "q=99999999999"], "GiB, more than half this machine's"),
+])
+def test_a_run_that_could_only_fail_later_is_refused_before_the_search(capsys, monkeypatch,
+                                                                        argv, message):
+    """Refused in one line before any search (the search is replaced by one that fails)."""
+    import napkin.search as search_pkg
+
+    def no_search(*a, **k):
+        raise AssertionError("searched")
+    monkeypatch.setattr(search_pkg, "search", no_search)
+    rc, out, err = run(capsys, "run", "attention", *argv)
+    assert rc == 2 and message in err and "searched" not in err
+    assert_one_error_line(err)

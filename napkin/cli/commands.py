@@ -685,6 +685,7 @@ def _run(args) -> int:
     small = interpret is True or (interpret == "auto" and not _on_gpu())
     base = {**RUN_SIZES, **given} if small else given
     sizes = sizes_for(diagram, {k: v for k, v in base.items() if k in _axes(diagram)}, "--size")
+    _runnable(args, diagram, sizes, interpret)  # before the search: what would fail after it
     print(f"{name}: sizes " + ", ".join(f"{k}={v}" for k, v in sizes.items())
           + (" (interpret mode: small default sizes)" if small and not given else ""))
     # a small run keeps the program found at full scale, its tiles shrunk to the run; an
@@ -736,6 +737,39 @@ def _run(args) -> int:
             raise NapkinError(f"the gradient differs from the reference's: relative error "
                               f"{g_err:.2e} > {tol:g}")
     return 0
+
+
+def _runnable(args, diagram, sizes, interpret) -> None:
+    """One line, before any search, for a run that could only fail after it: compiled mode
+    without a GPU, a --tile value no block of the backend takes, inputs larger than memory."""
+    import math
+    import os
+    from napkin.core.arrays import array_types
+    from napkin.lower.backends import get_backend
+    from napkin.schedule.build import bytes_per_value
+    if interpret is False and not _on_gpu():
+        raise NapkinError("--interpret off: a compiled kernel runs on a GPU and this machine's "
+                          "device is cpu (--interpret on or auto)")
+    rules = get_backend("triton" if args.backend == "auto" else args.backend).rules
+    for tile, v in parse_sizes(args.tile, "--tile", "TILE").items():
+        axis = tile.partition("_")[2]
+        if axis not in sizes:  # not a tile of this algorithm's axes: named after the search
+            continue
+        if not (rules.size_ok(v) or v == sizes.get(axis)):
+            raise NapkinError(f"--tile {tile}={v}: the {rules.name} backend takes "
+                              f"power-of-two tiles (or one covering the whole axis, "
+                              f"{sizes[axis]})")
+    need = sum(math.prod(int(sizes.get(a.name, 1)) for a in t.axes) *
+               bytes_per_value(t.dtype if t.dtype not in ("f32", "f64") else args.dtype)
+               for t in array_types(diagram.dom) + array_types(diagram.cod))
+    try:
+        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return
+    if need > have // 2:
+        raise NapkinError(f"--size: the run's inputs and outputs take {need / 2**30:,.1f} GiB, "
+                          f"more than half this machine's {have / 2**30:,.1f} GiB of memory "
+                          f"(napkin cost and optimize take any size)")
 
 
 def _axes(diagram):

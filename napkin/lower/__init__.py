@@ -8,11 +8,18 @@ compiles it to PTX for sm_90 on any machine, and ``napkin.lower.report`` sets
 what Triton allocated beside the schedule's buffers.  See napkin/lower/kernel.py for the scheme,
 napkin/lower/plan.py for the plan and napkin/lower/backends/ for the backends (triton).
 """
-from napkin.lower.kernel import LoweredKernel, export_cuda
-from napkin.lower.program import LoweredProgram, lower
-from napkin.lower.plan import KernelPlan
-from napkin.lower.ptx import CompiledKernel, compile_ptx
-from napkin.lower.traffic import Traffic, hbm_bytes, traffic
+# imported when first used (PEP 562): the command line reads the backends' names without JAX
+_WHERE = {"LoweredKernel": "kernel", "export_cuda": "kernel", "LoweredProgram": "program",
+          "lower": "program", "KernelPlan": "plan", "CompiledKernel": "ptx",
+          "compile_ptx": "ptx", "Traffic": "traffic", "hbm_bytes": "traffic",
+          "traffic": "traffic"}
 
 __all__ = ["CompiledKernel", "KernelPlan", "LoweredKernel", "LoweredProgram", "Traffic", "compile_ptx",
            "export_cuda", "hbm_bytes", "lower", "traffic"]
+
+
+def __getattr__(name):
+    import importlib
+    if name in _WHERE:
+        return getattr(importlib.import_module(f"napkin.lower.{_WHERE[name]}"), name)
+    raise AttributeError(f"module 'napkin.lower' has no attribute {name!r}")
