@@ -678,3 +678,25 @@ def test_an_int64_index_that_int32_cannot_hold_is_refused_not_wrapped():
     assert np.allclose(nk.evaluate(d)(x, np.array([1, 0, 3], np.int64)), [1, 4, 11])
     with pytest.raises(nk.NapkinError, match="int64 value 4294967297 does not fit int32"):
         nk.evaluate(d)(x, np.array([2**32 + 1, 0, 0], np.int64))
+
+
+def test_a_named_axis_of_size_one_is_carried():
+    """jax.nn.dot_product_attention (BTNH) reads a size as a number, so it is traced at fixed
+    sizes, where a dimension of 1 cannot be told from a broadcast: an axis the caller names
+    is read at another size and kept at 1 — then checked against the function at size 1."""
+    import jax
+    S = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)  # noqa: E731
+    D = nk.from_jax(lambda q, k, v: jax.nn.dot_product_attention(q, k, v), S(1, 24, 2, 16),
+                    S(1, 40, 2, 16), S(1, 40, 2, 16), axes=["b q h d", "b x h d", "b x h d"])
+    assert D.sizes == {"b": 1, "q": 24, "h": 2, "d": 16, "x": 40}
+    rng = np.random.default_rng(2)
+    xs = [jnp.asarray(rng.standard_normal(s), jnp.float32)
+          for s in ((1, 24, 2, 16), (1, 40, 2, 16), (1, 40, 2, 16))]
+    np.testing.assert_allclose(nk.evaluate(D)(*xs), jax.nn.dot_product_attention(*xs),
+                               rtol=1e-5, atol=1e-6)
+
+    def apart(q):  # reads its size as a number, and doubles at b = 1
+        return (q / np.sqrt(q.shape[-1])).sum(0) * (2.0 if q.shape[0] == 1 else 1.0)
+    with pytest.raises(nk.NapkinError, match="axis b has size 1 and fn treats it apart"):
+        nk.from_jax(apart, S(1, 8), axes=["b d"])
+    assert nk.from_jax(apart, S(3, 8), axes=["b d"]).sizes == {"b": 3, "d": 8}

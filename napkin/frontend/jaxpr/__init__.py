@@ -112,5 +112,34 @@ def from_jax(fn, *args, axes=None, name: str | None = None):
     diagram = emit(graph, outs, traced.invars, naming, argnames, label)
     diagram.stop_gradients = stopped
     from napkin.certify.certificate import size_symbols
-    diagram.sizes = {a: s for a, s in traced.sizes.items() if a in size_symbols(diagram)}
+    diagram.sizes = {a: traced.stand_ins.get(a, s) for a, s in traced.sizes.items()
+                     if a in size_symbols(diagram)}
+    if traced.stand_ins:
+        _same_at_the_given_sizes(fn, structs, diagram, traced.stand_ins)
     return diagram
+
+
+def _same_at_the_given_sizes(fn, structs, diagram, stand_ins):
+    """A size-1 axis was read at another size: the diagram at the given sizes must be the
+    function there (one that treats size 1 apart — squeezes it, branches on it — is refused)."""
+    import numpy as np
+    from napkin.core.semantics import evaluate
+    rng = np.random.default_rng(0)
+    xs = [np.asarray(rng.standard_normal(s.shape) if np.issubdtype(s.dtype, np.floating)
+                     else rng.integers(0, max(1, min(s.shape or (1,))), s.shape), s.dtype)
+          for s in structs]
+    try:
+        want = fn(*xs)
+        got = evaluate(diagram, dict(diagram.sizes))(*[x for x in xs])
+    except Exception as e:  # noqa: BLE001
+        fail(f"axis {', '.join(stand_ins)} has size 1 and fn was read at another size; at "
+             f"size 1 it does not run as read ({type(e).__name__}): give it another size")
+    want = want if isinstance(want, (tuple, list)) else [want]
+    got = got if isinstance(got, (tuple, list)) else [got]
+    for w, g in zip(want, got):
+        w = np.asarray(w, np.float64).reshape(-1)
+        g = np.asarray(g, np.float64).reshape(-1)
+        if w.shape != g.shape or not np.allclose(w, g, rtol=1e-4, atol=1e-5):
+            fail(f"axis {', '.join(stand_ins)} has size 1 and fn treats it apart (at size 1 "
+                 f"it computes something else than at other sizes): give it another size, "
+                 f"or mark it '1' (a broadcast dimension)")

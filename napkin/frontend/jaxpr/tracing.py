@@ -66,6 +66,8 @@ class Traced:
     by_size: dict = field(default_factory=dict)   # concrete: int size -> [axis names]
     arg_shapes: list = field(default_factory=list)
     per: list = field(default_factory=list)       # per argument, its dims' axis names
+    stand_ins: dict = field(default_factory=dict)  # concrete: a named axis of size 1 traced
+                                                   # at another size -> its size (1)
 
 
 class ArrayConstant:
@@ -127,18 +129,31 @@ def trace(fn, structs, names, label) -> Traced:
         eqns, invars, outvars, lits = _flatten(closed, symbols, label)
         return Traced(eqns, invars, outvars, "symbolic", sizes, symbols, lits=lits,
                       arg_shapes=shapes, per=per)
-    for p, s in zip(per, structs):
-        for j, n in enumerate(p):
-            if n is not None and s.shape[j] == 1:
-                fail(f"axis {n} has size 1 and fn does not trace with symbolic sizes "
-                     f"({reason}); at fixed sizes a dimension of size 1 cannot be told from "
-                     f"a broadcast one: give it another size, or mark it '1'")
-    eqns, invars, outvars, lits = _flatten(jax.make_jaxpr(fn)(*structs), symbols, label)
+    # at fixed sizes a dimension of size 1 cannot be told from a broadcast one: an axis the
+    # caller named that has size 1 is traced at a size no other axis has (the equations are
+    # the same at every size, which the second trace at other sizes checks), and the diagram
+    # keeps its size 1
+    stand_ins = {a: 1 for a, n in sizes.items() if n == 1}
+    spare = iter(n for n in range(2, 10**6) if n not in sizes.values())
+    for a in stand_ins:
+        sizes[a] = next(spare)
+    if stand_ins:
+        structs = [jax.ShapeDtypeStruct(tuple(sizes[a] if a else 1 for a in p), s.dtype)
+                   for p, s in zip(per, structs)]
+        shapes = [s.shape for s in structs]
+    try:
+        eqns, invars, outvars, lits = _flatten(jax.make_jaxpr(fn)(*structs), symbols, label)
+    except Exception as e:  # noqa: BLE001 — a function that needs its size-1 axis to be 1
+        if not stand_ins:
+            raise
+        fail(f"axis {', '.join(stand_ins)} has size 1 and fn does not trace with symbolic "
+             f"sizes ({reason}), nor at another size ({_first_line(e)}): give it another "
+             f"size, or mark it '1' (a broadcast dimension)")
     by_size = {}
     for a, n in sizes.items():
         by_size.setdefault(n, []).append(a)
     return Traced(eqns, invars, outvars, "concrete", sizes, symbols, reason, lits, by_size,
-                  shapes, per)
+                  shapes, per, stand_ins)
 
 
 def _summary(source_info) -> str:
