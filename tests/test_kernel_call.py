@@ -127,3 +127,19 @@ def test_shard_map_over_four_cpu_devices_matches_the_unsharded_call():
     assert run.returncode == 0, run.stderr[-2000:]
     devices, err, gerr = run.stdout.split()
     assert devices == "4" and float(err) <= 1e-6 and float(gerr) <= 1e-5
+
+
+def test_other_floating_dtypes_come_back_in_the_callers_dtype(attention):
+    """An f32 kernel fed bf16 computes in f32 and hands back bf16 (as a JAX function of bf16
+    arrays would), its value the f32 result rounded; the gradient too."""
+    rng = np.random.default_rng(7)
+    q, k, v = (jnp.asarray(rng.standard_normal(s), jnp.bfloat16)
+               for s in ((37, 32), (53, 32), (53, 32)))
+    out = attention(q, k, v)
+    assert out.dtype == jnp.bfloat16
+    f32 = attention(*(a.astype(jnp.float32) for a in (q, k, v)))
+    assert f32.dtype == jnp.float32
+    np.testing.assert_array_equal(np.asarray(out, np.float32),
+                                  np.asarray(f32.astype(jnp.bfloat16), np.float32))
+    g = jax.grad(lambda a: jnp.sum(attention(a, k, v).astype(jnp.float32)))(q)
+    assert g.dtype == jnp.bfloat16

@@ -53,12 +53,30 @@ def differentiable(forward, algorithm, saving_kernel, backward_kernel):
     return Differentiable(forward, kernel, [ob.name for ob in algorithm.dom.inside], ins)
 
 
+def handed_back(out, xs, dtypes):
+    """The outputs in the caller's floating dtype: a kernel fed floating arrays of another
+    dtype than its own (bf16 into an f32 kernel) computes in its own — the inputs cast on the
+    way in — and hands its floating results back in theirs, as a JAX function of those
+    arrays would (one dtype among the caller's floating inputs; mixed ones keep the
+    kernel's)."""
+    import jax.numpy as jnp
+    given = {jnp.result_type(x) for x, dt in zip(xs, dtypes) if jnp.issubdtype(dt, jnp.floating)
+             and jnp.issubdtype(jnp.result_type(x), jnp.floating)}
+    own = {dt for dt in dtypes if jnp.issubdtype(dt, jnp.floating)}
+    if len(given) != 1 or given == own:
+        return out
+    (want,) = given
+    cast = lambda y: y.astype(want) if jnp.issubdtype(y.dtype, jnp.floating) else y  # noqa: E731
+    return tuple(cast(y) for y in out) if isinstance(out, tuple) else cast(out)
+
+
 class Differentiable:
     """A lowered kernel (``forward``: its source, plan, launch, report — every attribute
     reads through) whose call has a derivative.  Inputs by position or by the diagram's
     names (``k(Q=q, K=k, V=v)``); leading axes beyond an input's own are batch axes, mapped
     in one launch (``napkin.lower.call``: (B, H, S, D) for attention's Q[q, d]).  A call
-    with ``interpret=`` runs the forward kernel as it is (no derivative)."""
+    with ``interpret=`` runs the forward kernel as it is (no derivative).  Floating inputs of
+    another dtype than the kernel's are cast in, and its results handed back in theirs."""
 
     def __init__(self, forward, fn, names, types):
         self.forward, self._fn = forward, fn
@@ -69,7 +87,8 @@ class Differentiable:
         xs = bind(self.forward.name, self.names, arrays, by_name)
         fn = self._fn if interpret is None else \
             (lambda *a: self.forward(*a, interpret=interpret))
-        return call_batched(fn, self.forward.name, self.names, self.types, xs)
+        out = call_batched(fn, self.forward.name, self.names, self.types, xs)
+        return handed_back(out, xs, self.forward.dtypes())
 
     def __getattr__(self, name):
         return getattr(self.forward, name)
