@@ -436,6 +436,8 @@ class Compiled:
         import jax.numpy as jnp
         import numpy as np
         from napkin.certify import cache
+        from napkin.core.arrays import canonical_dtype
+        from napkin.core.primitives import FLOATING
         from napkin.frontend.jaxpr import from_jax
         from napkin.search.engine import Evaluator
         # leading dimensions beyond those ``axes`` names are batch axes: the function is
@@ -445,8 +447,6 @@ class Compiled:
                                         else np.shape(a), jnp.result_type(a))
                    for a, r in zip(args, ranks)]
         diagram = from_jax(self.fn, *structs, axes=self.axes)
-        from napkin.core.arrays import canonical_dtype
-        from napkin.core.primitives import FLOATING
         # the narrowest floating argument's dtype: what the certificate and the kernel take
         floating = [d for d in (canonical_dtype(str(s.dtype)) for s in structs) if d in FLOATING]
         dtype = min(floating, key=lambda d: {"f64": 8, "f32": 4}.get(d, 2), default="f32")

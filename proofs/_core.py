@@ -343,15 +343,15 @@ def with_stream(st: Streamed, spec) -> Streamed:
     return _streamed(st.reference, to_diagram(g))
 
 
-def fold(st: Streamed, ctx, xs, chunks, finalize: bool = True):
-    """Fold the accumulator over chunks of the given lengths (any sequence,
-    not only uniform ones) of the reference inputs ``xs``; return the outputs
-    in the reference's order, or the state when ``finalize`` is false."""
+def fold(st: Streamed, ctx, xs, chunks, finalize: bool = True, start: int = 0):
+    """Fold the accumulator from init over chunks of the given lengths (any sequence,
+    not only uniform ones) of the reference inputs ``xs``, the first at ``start`` (a
+    parallel split's positions are the global ones); return the outputs in the
+    reference's order, or the state when ``finalize`` is false."""
     from napkin.core.semantics import run
     spec, xp = st.spec, ctx.xp
     args = [xs[i] for i in st.perm]
     state = run(spec.init, ctx)
-    start = 0
     for c in chunks:
         sub = ctx.shifted(spec.axis, start).bound(spec.chunk, c)
         part = [xp.take(x, t.names.index(spec.axis), start, start + c) if t.has(spec.axis) else x
@@ -363,18 +363,6 @@ def fold(st: Streamed, ctx, xs, chunks, finalize: bool = True):
     fixed = [x for t, x in zip(st.ins, args) if not t.has(spec.axis)]
     out = run(spec.finalize, ctx, *state, *fixed)
     return tuple(out[j] for j in st.out_perm)
-
-
-def partial_state(st: Streamed, ctx, xs, start: int, length: int):
-    """The state after one chunk of ``length`` entries from ``start``, from init alone: what
-    a parallel split that starts there folds (its positions are the global ones)."""
-    from napkin.core.semantics import run
-    spec, xp = st.spec, ctx.xp
-    args = [xs[i] for i in st.perm]
-    sub = ctx.shifted(spec.axis, start).bound(spec.chunk, length)
-    part = [xp.take(x, t.names.index(spec.axis), start, start + length) if t.has(spec.axis)
-            else x for t, x in zip(st.ins, args)]
-    return run(spec.update, sub, *run(spec.init, ctx), *part)
 
 
 def _axis_size(st: Streamed):
@@ -464,7 +452,8 @@ def accumulator_obligations(proof: Proof, st: Streamed, sizes: dict, what: str,
         from napkin.core.semantics import run
         for n1, n2 in pairs:
             e, ctx, xs = setup(n1 + n2)
-            x, y = partial_state(st, ctx, xs, 0, n1), partial_state(st, ctx, xs, n1, n2)
+            x = fold(st, ctx, xs, (n1,), finalize=False)
+            y = fold(st, ctx, xs, (n2,), finalize=False, start=n1)
             both = fold(st, ctx, xs, (n1 + n2,), finalize=False)
             try:
                 compare(run(st.spec.merge, ctx, *x, *y), both, e, allow_numeric)
@@ -472,7 +461,7 @@ def accumulator_obligations(proof: Proof, st: Streamed, sizes: dict, what: str,
                 raise Failed(f"|x|={n1}, |y|={n2}: merged state {err}") from None
         # the empty state (a split that holds no entry) is the merge's unit, either side
         e, ctx, xs = setup(lengths[-1])
-        empty, x = run(st.spec.init, ctx), partial_state(st, ctx, xs, 0, lengths[-1])
+        empty, x = run(st.spec.init, ctx), fold(st, ctx, xs, lengths[-1:], finalize=False)
         for side, args in (("init ∥ x", (*empty, *x)), ("x ∥ init", (*x, *empty))):
             try:
                 compare(run(st.spec.merge, ctx, *args), x, e, allow_numeric)
@@ -615,8 +604,7 @@ def merge_numeric(st: Streamed, sizes: dict, rng: np.random.Generator, *, splits
         ctx = EvalContext(env)
         state = None
         for a, b in bounds:
-            part = (run(st.spec.init, ctx) if a == b else
-                    partial_state(st, ctx, xs, a, b - a))
+            part = fold(st, ctx, xs, (b - a,) if b > a else (), finalize=False, start=a)
             state = part if state is None else run(st.spec.merge, ctx, *state, *part)
         args = [xs[i] for i in st.perm]
         fixed = [x for t, x in zip(st.ins, args) if not t.has(st.axis)]

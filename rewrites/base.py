@@ -141,9 +141,9 @@ class Streamability:
 
     def merge(self, graph, claim, axis, a, b):
         """The state of x ⊕ y from the states of x and of y (y after x along the axis):
-        the associative combine that lets chunks fold in parallel.  None: this
-        accumulator has no merge (its stream stays sequential)."""
-        return None
+        the associative combine that lets chunks fold in parallel.  An accumulator that
+        does not define it has none: its streams keep ``merge=None`` (stay sequential)."""
+        raise NotImplementedError
 
 
 def acc_dtype(dtype: str) -> str:

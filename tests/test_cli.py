@@ -208,3 +208,15 @@ def test_a_run_that_could_only_fail_later_is_refused_before_the_search(capsys, m
     rc, out, err = run(capsys, "run", "attention", *argv)
     assert rc == 2 and message in err and "searched" not in err
     assert_one_error_line(err)
+
+
+def test_a_tile_covering_its_axis_passes_the_early_check(capsys, monkeypatch):
+    """The early --tile check is the lowering's own: a tile over the whole axis is taken
+    (the search then runs: here replaced by one that says so)."""
+    import napkin.search as search_pkg
+
+    def no_search(*a, **k):
+        raise AssertionError("searched")
+    monkeypatch.setattr(search_pkg, "search", no_search)
+    rc, _, err = run(capsys, "run", "attention", "--tile", "g_q=300")
+    assert rc == 1 and "searched" in err

@@ -57,7 +57,7 @@ def _path(k: dict) -> Path:
 @dataclass(frozen=True)
 class Entry:
     """What a search chose, as the cache keeps it (``chain``: the moves; ``launches``: the
-    launch model's per kernel; ``instance``: the (sizes, tiles) the certificate records)."""
+    launch model's per kernel)."""
     name: str
     chain: tuple
     tiles: dict
@@ -68,7 +68,8 @@ class Entry:
 
 
 def store(diagram, sizes: dict, dtype, hardware, entry: Entry, instance) -> Path:
-    """Write ``entry`` for ``diagram`` at ``sizes``, ``dtype``, ``hardware``; returns its path."""
+    """Write ``entry`` for ``diagram`` at ``sizes``, ``dtype``, ``hardware``; returns its path.
+    ``instance``: the (sizes, tiles) its certificate records (``pipeline.check_instance``)."""
     from napkin.certify.certificate import Source, derive_from
     small, small_tiles = instance
     cert = derive_from(Source(entry.name, lambda dt: diagram), {"cache": entry.name},
@@ -101,8 +102,10 @@ def load(diagram, sizes: dict, dtype, hardware, name: str) -> Entry | None:
 
 
 def _replayed(entry, diagram, sizes, dtype, hardware, name) -> Entry | None:
-    from napkin.certify.certificate import Certificate, Source
+    from napkin.certify.certificate import Certificate, Source, size_symbols
     from napkin.certify.checker import replay
+    from napkin.core.streamed import names
+    from napkin.lower.backends import get_backend
     from napkin.search.engine import Move
     if entry.get("format") != FORMAT or entry.get("key") != key(diagram, sizes, dtype,
                                                                 hardware):
@@ -111,11 +114,8 @@ def _replayed(entry, diagram, sizes, dtype, hardware, name) -> Entry | None:
     _, programs = replay(cert, Source(name, lambda dt: diagram))  # CheckFailure: NapkinError
     program = programs[-1] if programs else diagram
     tiles = _ints(entry["tiles"])
-    from napkin.certify.certificate import size_symbols
-    from napkin.core.streamed import names
     if set(tiles) != set(names(program).tiles) or not set(tiles) <= size_symbols(program):
         return None
-    from napkin.lower.backends import get_backend
     own = get_backend("triton")
     launch = dict(entry["launch"])
     launches = [dict(x) for x in entry["launches"]]

@@ -130,7 +130,7 @@ def _same_at_the_given_sizes(fn, structs, diagram, stand_ins):
           for s in structs]
     try:
         want = fn(*xs)
-        got = evaluate(diagram, dict(diagram.sizes))(*[x for x in xs])
+        got = evaluate(diagram, dict(diagram.sizes))(*xs)
     except Exception as e:  # noqa: BLE001
         fail(f"axis {', '.join(stand_ins)} has size 1 and fn was read at another size; at "
              f"size 1 it does not run as read ({type(e).__name__}): give it another size")
