@@ -58,19 +58,28 @@ class Optimized:
     @functools.cached_property
     def certificate(self):
         """The chain as a certificate, at a small instance of these sizes and tiles (the
-        derivation is symbolic; the checker also draws instances of its own)."""
+        derivation is symbolic; the checker also draws instances of its own), derived on
+        the algorithm built at the searched dtype: the checker runs the program at the
+        wires the kernel stores (a builder that ignores the dtype keeps its own)."""
         if self.source is None:
             return None
-        from napkin.certify.certificate import derive, fingerprint
-        small, small_tiles = check_instance(self.sizes, self.tiles)
-        chosen = {k: v for k, v in self.launch.items() if isinstance(v, int)}  # not "auto"
-        cert = derive(self.source, [(m.rule, m.site, m.params_dict) for m in self.chain],
-                      small, small_tiles, base=self.base, launch=chosen)
-        if cert.source != fingerprint(self.algorithm):  # a certificate of another diagram
+        from napkin.certify.certificate import derive_from, fingerprint, load_algorithm
+        src = load_algorithm(self.source, self.base)
+        own = built_at(self.algorithm)
+        if fingerprint(src.build(own)) != fingerprint(self.algorithm):
             raise NapkinError(f"source {_label(self.source)} builds a different diagram from "
                               f"the one searched: a certificate must name the very diagram it "
                               f"certifies")
-        return cert
+        dtype = own
+        if self.dtype is not None and self.dtype != own:
+            from napkin.certify.checker import dtype_disagreement
+            if not dtype_disagreement(src.build(self.dtype), self.dtype):
+                dtype = self.dtype
+        small, small_tiles = check_instance(self.sizes, self.tiles)
+        chosen = {k: v for k, v in self.launch.items() if isinstance(v, int)}  # not "auto"
+        return derive_from(src, self.source, [(m.rule, m.site, m.params_dict)
+                                              for m in self.chain],
+                           small, small_tiles, dtype, self.base, chosen)
 
     def check(self, numeric: bool = True):
         """Replay the certificate with the independent checker: a CheckReport."""
@@ -305,6 +314,13 @@ def optimize(algorithm, hardware="h100", sizes: dict | None = None, dtype: str |
     return Optimized(name, diagram, source, r.hardware, sizes, dtype, r,
                      dict(r.best.tiles.values), launch_of(r.best.tiles, get_backend()),
                      None if base is None else Path(base))
+
+
+def built_at(diagram) -> str:
+    """The dtype a builder was asked for to make ``diagram``: that of its narrowest floating
+    input (what the checker rebuilds it at), f32 when it takes none."""
+    from napkin.core.arrays import narrowest_of
+    return narrowest_of((ob.type.dtype for ob in diagram.dom.inside), "f32")
 
 
 def launch_of(tiles, backend) -> dict:

@@ -399,7 +399,8 @@ def test_checker_imports_only_rules_and_core():
     mods |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     ours = {m for m in mods if m.split(".")[0] in ("napkin", "rewrites", "proofs")}
     allowed = {"rewrites", "napkin.frontend.library", "napkin.core.semantics", "napkin.core.region", "napkin.core.ir",
-               "napkin.core.errors", "napkin.certify.certificate", "napkin.core.primitives", "napkin.frontend.sampling"}
+               "napkin.core.errors", "napkin.certify.certificate", "napkin.core.primitives", "napkin.frontend.sampling",
+               "napkin.core.arrays"}
     assert ours <= allowed, ours - allowed
 
 
@@ -489,3 +490,20 @@ def test_a_huge_name_is_one_line_not_a_malformed_verdict():
     cert["algorithm"] = "a" * 100_000
     with pytest.raises(CertificateError, match="a name of 100,000 characters"):
         Certificate.from_dict(cert)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+def test_a_search_at_a_dtype_is_certified_and_checked_at_that_dtype(dtype):
+    """The certificate of a bf16 search (the CLI's default) is derived on the algorithm
+    built at bf16, so the checker runs the program at bf16 wires (it said f32, and was
+    checked at f32: not what was searched).  Editing the dtype back is rejected: the
+    fingerprints are those of the bf16 diagram."""
+    import napkin
+    opt = napkin.optimize("attention", sizes={"q": 128, "x": 128, "d": 32}, dtype=dtype,
+                          max_states=60)
+    cert = opt.certificate
+    assert cert.dtype == dtype
+    report = opt.check()
+    assert report.ok and report.dtype == dtype and f"at {dtype} wires" in str(report), str(report)
+    edited = {**cert.to_dict(), "dtype": "f32"}
+    assert not check_certificate(edited, numeric=False).ok

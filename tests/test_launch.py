@@ -268,3 +268,18 @@ def test_a_kernel_that_spills_everywhere_licenses_no_other_spill():
                                    for j, t in enumerate(g.free)], axis=0))[0])
     near = g.time <= g.time[i] * 1.001
     assert g.launches.spilled[i] == g.launches.spilled[near & ok].min()
+
+
+def test_a_box_writes_over_what_a_box_fused_into_it_read():
+    """The finalize's O = o · guard(…) fused into the cast to bf16 writes over the state o,
+    and exp(S − shift) (the subtraction fused in) over S: the attention built at bf16 wires
+    holds no more registers than the one built at f32 (it held a second d × g_q tile and
+    priced a 512-byte spill that ptxas does not make)."""
+    from napkin.schedule.build import build
+    held = {}
+    for dt in ("f32", "bf16"):
+        program = search(get("attention").diagram(dt), "h100",
+                         {"q": 4096, "x": 4096, "d": 128}, "bf16", max_states=40).best.program
+        (k,) = kernels(build(program, H100, "bf16"))
+        held[dt] = k.registers
+    assert held["bf16"] == held["f32"], held

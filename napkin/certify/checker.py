@@ -41,7 +41,8 @@ import sympy
 from napkin.certify.certificate import (Certificate, CertificateError, fingerprint, load_algorithm,
                                         size_symbols, spec_label)
 from napkin.core.errors import NapkinError
-from napkin.core.primitives import FLOATING, JNP_DTYPES
+from napkin.core.arrays import narrowest_of
+from napkin.core.primitives import JNP_DTYPES
 from napkin.frontend.sampling import sample
 from napkin.core.semantics import evaluate
 from rewrites import RULES
@@ -195,7 +196,6 @@ DTYPE_RTOL = {"f64": RTOL, "f32": 1e-5, "bf16": 6e-2, "f16": 1e-2, "fp8": 0.25}
 
 def narrowest(diagram) -> str:
     """The floating dtype with the fewest bits among the wires of ``diagram``."""
-    order = ("fp8", "bf16", "f16", "f32", "f64")
     found = set()
 
     def walk(d):
@@ -205,7 +205,7 @@ def narrowest(diagram) -> str:
             for body in getattr(getattr(box, "spec", None), "bodies", ()):
                 walk(body)
     walk(diagram)
-    return min((d for d in found if d in order), key=order.index, default="f64")
+    return narrowest_of(found, "f64")
 
 
 def _run(program, env, xs, exact=True):
@@ -319,7 +319,7 @@ def replay(cert: Certificate, src=None):
         raise CheckFailure(0, f"source fingerprint mismatch: the algorithm {_label(cert)} "
                               f"({cert.dtype}) is not the one the certificate was made from "
                               f"(recorded {_short(cert.source)}, rebuilt {_short(got)})")
-    stale = _dtype_disagreement(original, cert.dtype)
+    stale = dtype_disagreement(original, cert.dtype)
     if stale:
         raise CheckFailure(0, stale)
     axes = size_symbols(original)
@@ -374,17 +374,13 @@ def replay(cert: Certificate, src=None):
     return original, programs
 
 
-def _dtype_disagreement(diagram, dtype: str) -> str:
+def dtype_disagreement(diagram, dtype: str) -> str:
     """Why a certificate's ``dtype`` is not the one its algorithm's diagram is at ("" when
     it is): the narrowest floating input must be at that dtype (a builder that ignores the
     dtype it is asked for makes the same diagram at every dtype, so the fingerprint alone
     cannot tell an edited dtype)."""
-    floating = [ob.type.dtype for ob in diagram.dom.inside if ob.type.dtype in FLOATING]
-    if not floating:
-        return ""
-    order = ("fp8", "bf16", "f16", "f32", "f64")
-    narrowest_in = min(floating, key=order.index)
-    if narrowest_in == dtype:
+    narrowest_in = narrowest_of(ob.type.dtype for ob in diagram.dom.inside)
+    if narrowest_in is None or narrowest_in == dtype:
         return ""
     return (f"dtype: the certificate says {dtype}, but its algorithm's diagram takes "
             f"{narrowest_in} inputs (a certificate is checked at the dtype it was derived at)")

@@ -24,6 +24,15 @@ DTYPE_ALIASES = {
 }
 
 
+# Floating dtypes, narrowest first.
+BY_WIDTH = ("fp8", "bf16", "f16", "f32", "f64")
+
+
+def narrowest_of(dtypes, default=None) -> str | None:
+    """The floating dtype with the fewest bits among ``dtypes`` (``default`` if none is)."""
+    return min((d for d in dtypes if d in BY_WIDTH), key=BY_WIDTH.index, default=default)
+
+
 def canonical_dtype(dtype: str) -> str:
     name = DTYPE_ALIASES.get(str(dtype), str(dtype))
     if name not in DTYPES:

@@ -364,6 +364,14 @@ class _Builder:
             (c,) = set(g.successors(v))
             return g.nodes[c]["box"].spec.elementwise
 
+        # a fused value is computed inside the box that reads it: what its producer read
+        # (and where) dies there too, so the reader may write over it (a cast of the
+        # finalize's product writes over the accumulator)
+        fused_reads: dict = {}
+
+        def read_here(vs, i):
+            return [(w, i) for w in vs] + [r for w in vs for r in fused_reads.get(w, ())]
+
         pending = []   # stores of landed outputs, made after the loop that produces them
 
         def land(v, i):
@@ -433,6 +441,7 @@ class _Builder:
                         continue
                     if fused(v):
                         fused_step[v] = step
+                        fused_reads[v] = read_here(node["ins"], i)
                         step.fused = True
                         step.outs.append(None)
                         continue
@@ -440,8 +449,8 @@ class _Builder:
                     start, inplace = i, None
                     if counted and spec.elementwise:
                         vb = self.size(ob(v))[1]
-                        for w in node["ins"]:
-                            if (w in owned or w in reuse) and w not in reused and last(w) == i \
+                        for w, at in read_here(node["ins"], i):
+                            if (w in owned or w in reuse) and w not in reused and last(w) == at \
                                     and w not in out_home_of and nonneg(self.size(ob(w))[1] - vb):
                                 reused.add(w)
                                 start, inplace = i + 1, ref[w]
