@@ -13,11 +13,12 @@ from rewrites.recognize import Recognize
 from rewrites.recompute import Recompute, RecomputeProduct
 from rewrites.relabel_level import RelabelLevel
 from rewrites.softmax_lse import SoftmaxLse
+from rewrites.split_stream import SplitStream
 from rewrites.stream_partition import StreamPartition
 
 RULES: dict[str, Rule] = {r.name: r for r in (
     GroupPartition(), StreamPartition(), NormalizedContraction(), HeadGrouping(), RelabelLevel(),
-    Recognize(), Recompute(), RecomputeProduct(), SoftmaxLse())}
+    Recognize(), Recompute(), RecomputeProduct(), SoftmaxLse(), SplitStream())}
 
 
 def get_rule(name: str) -> Rule:

@@ -7,6 +7,8 @@ cost.  Proof: proofs/relabel_level.py (the semantics ignores levels).
 """
 from __future__ import annotations
 
+import dataclasses
+
 from discopy import markov
 
 from napkin.core.errors import RuleError
@@ -14,7 +16,6 @@ from napkin.hardware import CANONICAL_LEVELS
 from napkin.core.ir import ops as op_order, to_diagram, to_graph, view
 from napkin.core.op import make_op
 from napkin.core.region import Site, body_at, replace_at
-from napkin.core.streamed import Group
 from rewrites.base import Rule, one_op
 from rewrites.group_partition import nesting_reason
 
@@ -50,7 +51,7 @@ class RelabelLevel(Rule):
         g, n, spec, level = self._find(program, site, params, graph_of=to_graph)  # mutated below
         node = g.nodes[n]
         dom = markov.Ty(*(g.nodes[v]["ob"] for v in node["ins"]))
-        node["box"] = make_op(Group(spec.axis, spec.size, spec.body, level), dom,
+        node["box"] = make_op(dataclasses.replace(spec, level=level), dom,
                               [o.name for o in node["box"].cod.inside], node["box"].name)
         return replace_at(program, site.path, to_diagram(g))
 

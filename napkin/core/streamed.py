@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 
 import sympy
 
-from napkin.core.arrays import ArrayType, array_types
+from napkin.core.arrays import ArrayType, Axis, array_types
 from napkin.core.diagram import is_diagram
 from napkin.core.errors import NapkinError
 from napkin.core.memo import IdentityMemo
@@ -108,11 +108,17 @@ def _stable_carry(step, state):
 
 @dataclass(frozen=True)
 class Group(Spec):
-    """Group partition of ``axis`` with group size ``size`` at memory ``level``."""
+    """Group partition of ``axis`` with group size ``size`` at memory ``level``.
+
+    ``stack``: None, or the name of a new axis along which each group's outputs are
+    stacked, one entry per group, where a plain group concatenates them along ``axis``:
+    its body's outputs lack the grouped axis (a stream's partial states, one per part of
+    the axis, that a merge then folds: split-K)."""
     axis: str
     size: Any
     body: Any           # a napkin Diagram, typed at the group size
     level: str = "smem"
+    stack: str | None = None
     kind: ClassVar[str] = "group"
     n_in: ClassVar[None] = None
 
@@ -126,11 +132,23 @@ class Group(Spec):
                     array_types(self.body.dom))
         full = next(t.axis(self.axis) for t in ins if t.has(self.axis))
         outs = array_types(self.body.cod)
+        if self.stack is not None:
+            parts = self.parts(full.size)
+            for t in outs:
+                if t.has(self.axis) or t.has(self.stack):
+                    raise NapkinError(f"group {self.axis} stacked along {self.stack}: output "
+                                      f"{t} has {self.axis if t.has(self.axis) else self.stack} "
+                                      f"(each group's outputs gain the stacked axis)")
+            return tuple(t.with_axis(Axis(self.stack, parts)) for t in outs)
         for t in outs:
             if not t.has(self.axis):
                 raise NapkinError(f"group {self.axis}: output {t} lacks the grouped axis "
                                   f"(a group partition needs every output woven over it)")
         return tuple(t.resize(self.axis, full.size) for t in outs)
+
+    def parts(self, full):
+        """How many groups an axis of ``full`` entries makes (the stacked axis's size)."""
+        return sympy.ceiling(sympy.sympify(full) / sympy.sympify(self.size))
 
     def evaluate(self, ctx, ins, outs, *xs):
         from napkin.core.semantics import run
@@ -151,6 +169,11 @@ class Group(Spec):
             results = [self._mapped(ctx, ins, outs, xs, n_full, g, piece)] if n_full else []
             if tail:
                 results.append(piece(n_full * g, tail, cut(n_full * g, n)))
+        if self.stack is not None:  # one entry per group along the new, leading axis
+            mapped = n_full and not xp.symbolic
+            return tuple(xp.concatenate([r[i] if mapped and k == 0 else xp.stack([r[i]])
+                                         for k, r in enumerate(results)], axis=0)
+                         for i in range(len(outs)))
         if len(results) == 1:
             return tuple(results[0])
         return tuple(xp.concatenate([r[i] for r in results], axis=t.names.index(self.axis))
@@ -174,6 +197,8 @@ class Group(Spec):
             return tuple(piece(k * g, g, args))
         ys = jax.vmap(one, in_axes=(0, *[0 if b else None for b in batched]))(
             jnp.arange(n_full), *split)
+        if self.stack is not None:
+            return list(ys)
         merged = []
         for y, t in zip(ys, outs):
             i = t.names.index(self.axis)
@@ -184,7 +209,7 @@ class Group(Spec):
     def flops(self, ins, outs):
         from napkin.core.flops import flops
         full = next(t.axis(self.axis) for t in ins if t.has(self.axis)).size
-        return flops(self.body) * full / self.size
+        return flops(self.body) * (self.parts(full) if self.stack else full / self.size)
 
     def woven(self, axis):
         raise NapkinError(f"weave a diagram before partitioning it (cannot weave {axis} "
@@ -194,14 +219,15 @@ class Group(Spec):
         from napkin.core.region import relabel
         if axis == self.axis:
             return self  # the body already sees the group size
-        return Group(self.axis, self.size, relabel(self.body, axis, size), self.level)
+        return dataclasses.replace(self, body=relabel(self.body, axis, size))
 
     def unwoven(self, axis):
         from napkin.frontend.weave import unweave
-        return Group(self.axis, self.size, unweave(self.body, axis), self.level)
+        return dataclasses.replace(self, body=unweave(self.body, axis))
 
     def label(self):
-        return f"group {self.axis} ({self.size}) @ {self.level}"
+        stacked = f", stacked along {self.stack}" if self.stack else ""
+        return f"group {self.axis} ({self.size}{stacked}) @ {self.level}"
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ import networkx as nx
 import numpy as np
 import sympy
 
-from napkin.core.arrays import array_types
+from napkin.core.arrays import Axis, array_types
 from napkin.core.errors import NapkinError
 from napkin.core.ir import ops as op_order, primitive_boxes, to_graph, view
 from napkin.lower.emit import identifier
@@ -146,13 +146,31 @@ def kernel_unlowerable(kernel) -> str:
         return str(e)
     if any(g.level == "gmem" for g in structure.groups):
         return "a group at gmem (sequential launches) has no kernel spelling"
-    cut = []
+    cut, parts = [], []
     for spec in structure.groups:
-        if spec.axis in cut:
+        if spec.axis in cut + parts:
             return _twice(spec, "group")
-        cut.append(spec.axis)
+        (parts if spec.stack else cut).append(spec.axis)
     body = structure.body
+    if parts:
+        why = _split_body(body, parts)
+        if why:
+            return why
     return _writable(body, set(range(len(body.dom))), set(range(len(body.cod))), frozenset(cut))
+
+
+def _split_body(body, parts) -> str:
+    """Why a kernel over the parts of ``parts`` (split-K) cannot write ``body`` ("" when it
+    can): its body is the one stream each part folds, reading kernel inputs."""
+    g = view(body)
+    boxes = [g.nodes[n]["box"] for n in op_order(g)]
+    if len(boxes) != 1 or boxes[0].spec.kind != "stream" or boxes[0].spec.axis not in parts:
+        return Refusal(f"a split of {', '.join(parts)} whose part is not one stream over it",
+                       final=True)
+    spec = boxes[0].spec
+    return _writable(spec.update, set(range(spec.n_state, len(spec.update.dom))), set(),
+                     frozenset(parts)) or _writable(spec.init, set(), set()) or \
+        _writable(spec.finalize, set(), set())
 
 
 def _twice(spec, enclosing: str) -> Refusal:
@@ -364,6 +382,9 @@ class GridAxis:
     tile: int
     size: int
     reverse: bool = False   # programs run last tile first (causal: the heaviest tiles first)
+    # split-K: the parts of a stream over ``axis``, one per program, each writing its partial
+    # state along this stacked axis (the inputs keep ``axis`` whole: the stream reads its part)
+    stacked: str | None = None
 
     @property
     def tiles(self) -> int:
@@ -448,6 +469,9 @@ class StreamPlan:
     chunk: int
     size: int
     rule: str
+    # split-K: (grid dimension, chunks per part): this program folds the chunks
+    # [j·per, min((j+1)·per, chunks)) of part j, its index along that dimension
+    part: tuple | None = None
     skip: SkipPlan | None = None
     # a stream over the masks' query axis in a program per key tile (a backward's dK, dV):
     # only the query chunks holding a row that keeps a key of the tile (``query`` names the
@@ -525,7 +549,9 @@ class KernelPlan:
 
     @property
     def grid_axes(self) -> dict:
-        return {g.axis: i for i, g in enumerate(self.grid)}
+        """Axis -> the grid dimension that cuts every array along it (a split's parts cut
+        none: their stream reads its part of the whole axis)."""
+        return {g.axis: i for i, g in enumerate(self.grid) if g.stacked is None}
 
     def stream(self, spec) -> StreamPlan:
         return self.streams[id(spec)]
@@ -611,9 +637,9 @@ class Planner:
             raise NapkinError(f"internal: the loops of {kernel.name}'s schedule are not its "
                               f"program's groups and streams")
         self.grid = []
-        for loop in groups:
+        for loop, spec in zip(groups, self.st.groups):
             tile = kernel.size_of(loop.size, f"group {loop.axis}", self.extent(loop))
-            self.grid.append(GridAxis(loop.axis, tile, self.extent(loop)))
+            self.grid.append(GridAxis(loop.axis, tile, self.extent(loop), stacked=spec.stack))
             if isinstance(loop.size, sympy.Symbol):
                 self.env[loop.size] = tile
         # a grid axis run one index per program that every box only carries leaves the
@@ -626,7 +652,10 @@ class Planner:
                 self.squeezed.append(g.axis)
         # id(stream or group spec) -> its schedule loop (the same walk, the same order)
         self.loop_of = {id(box.spec): lp for box, lp in zip(loop_boxes(self.body), inner)}
-        self.gaxes = {g.axis: i for i, g in enumerate(self.grid)}
+        # the axes the grid cuts every array along; a stacked group's axis is not one (its
+        # stream reads its part of the whole axis; its outputs gain the stacked axis)
+        self.gaxes = {g.axis: i for i, g in enumerate(self.grid) if g.stacked is None}
+        self.parts = {g.axis: i for i, g in enumerate(self.grid) if g.stacked is not None}
         self.notes: list[str] = []
         self.padded: dict = {}
 
@@ -729,7 +758,15 @@ class Planner:
         out = []
         for i, t in enumerate(body_outs):
             shape, block, index = [], [], []
-            for a in t.names:
+            squeezed = self.squeezed_of(t)
+            for ax, d in self.parts.items():  # one partial state per part: its own entry
+                parts = self.grid[d]
+                t = t.with_axis(Axis(parts.stacked, parts.tiles))
+                shape.insert(0, parts.tiles)
+                block.insert(0, 1)
+                index.insert(0, d)
+                squeezed = (parts.stacked, *squeezed)
+            for a in t.names[len(self.parts):]:
                 n = self.sizes.get(a)
                 if n is None:
                     n = int(sympy.sympify(t.axis(a).size).subs(self.env))
@@ -746,7 +783,7 @@ class Planner:
                     index.append(None)
             dtype = np.dtype(k.dtypes_for([t], [labels[i]])[0])
             out.append(ArrayPlan(names[i], t, tuple(shape), dtype, tuple(block), tuple(index),
-                                 squeezed=self.squeezed_of(t)))
+                                 squeezed=squeezed))
         return out
 
     def whole(self, axis: str, n: int) -> int:
@@ -773,6 +810,16 @@ class Planner:
         if isinstance(spec.chunk, sympy.Symbol):
             self.env[spec.chunk] = chunk
         plan = StreamPlan(ax, chunk, self.extent(loop), spec.rule)
+        if ax in self.parts:  # split-K: the part of the whole axis this program folds
+            d = self.parts[ax]
+            part = self.grid[d]
+            if part.tile % chunk:
+                raise NapkinError(f"split {ax}: parts of {part.tile} do not hold whole chunks "
+                                  f"of {chunk} (choose a part tile that is a multiple of the "
+                                  f"chunk)")
+            plan = StreamPlan(ax, chunk, part.size, spec.rule, (d, part.tile // chunk))
+            self.notes.append(f"stream {ax}: split in {part.tiles} parts of {part.tile}, one "
+                              f"per program, each writing its partial state")
         plan.skip = self.skip(spec, plan)
         if plan.skip is None:
             plan.skip_queries = self.skip_queries(spec, plan)

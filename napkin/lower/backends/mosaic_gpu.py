@@ -149,6 +149,9 @@ def refusal(plan: KernelPlan) -> str:
         a = next(iter(plan.padded))
         return f"axis {a}={plan.sizes.get(a)} would be padded; the Mosaic GPU backend has no masks"
     for g in plan.grid:
+        if g.stacked:
+            return (f"split {g.axis}: a stream split in parts (split-K) is written by the Triton "
+                    f"backend")
         if g.ragged:
             return (f"group {g.axis}: {g.size} is not a multiple of its tile {g.tile} (no masked "
                     f"tails in the Mosaic GPU backend)")

@@ -306,6 +306,17 @@ class _Spelling:
         for var, ob in zip(state, spec.init.cod.inside):
             w.rename(var, ob.name)
         bounds = self.skip_bounds(sp, ctx)
+        part = self.part_bounds(sp, ctx)
+        if part is not None and bounds is not None and all(isinstance(b, int) for b in bounds):
+            # static skipping within a part: the part's chunks that the masks keep
+            part = (w.let(f"jnp.maximum({{0}}, {bounds[0]})", part[0], name=f"{ax}_lo"),
+                    w.let(f"jnp.minimum({{0}}, {bounds[1]})", part[1], name=f"{ax}_hi"))
+            bounds = None
+        elif part is not None and bounds is not None:
+            lo, hi = bounds
+            bounds = (w.let("jnp.maximum({0}, {1})", part[0], lo, name=f"{ax}_lo"),
+                      w.let("jnp.minimum({0}, {1})", part[1], hi, name=f"{ax}_hi"))
+            part = None
 
         def step(kind, unmasked=False):
             fn = w.fresh(f"{ax}_{kind}")
@@ -377,8 +388,12 @@ class _Spelling:
                 fn = full_fn if c < n_full else tail_fn
                 given = ", ".join(pieces[i][c].name for i in computed)
                 state = unpack(f"{fn}({c}, {carry(state)}, {given})")
-        elif bounds is None and sp.skip_queries is not None:  # a program per key tile
-            lo, hi = self.query_bounds(sp, ctx)
+        elif bounds is None and (sp.skip_queries is not None or part is not None):
+            # a program per key tile, or per part of a split: its chunks only
+            lo, hi = self.query_bounds(sp, ctx) if sp.skip_queries is not None else part
+            if sp.skip_queries is not None and part is not None:
+                lo = w.let("jnp.maximum({0}, {1})", lo, part[0], name=f"{ax}_lo")
+                hi = w.let("jnp.minimum({0}, {1})", hi, part[1], name=f"{ax}_hi")
             if n_full:
                 state = unpack(f"lax.fori_loop({lo}, jnp.minimum({hi}, {n_full}), {full_fn}, "
                                f"{carry(state)})")
@@ -492,6 +507,20 @@ class _Spelling:
             name=f"{sp.axis}_hi", aval=I32)
         return lo, hi
 
+    def part_bounds(self, sp, ctx):
+        """Split-K: the chunks of this program's part, [j·per, min((j+1)·per, chunks)),
+        as Vars (None for a stream that is not split)."""
+        if sp.part is None:
+            return None
+        w, (_, per) = self.w, sp.part
+        w.comment(f"split {sp.axis}: this program folds its part, {per} chunk"
+                  f"{'s' * (per > 1)} of {sp.chunk}")
+        lo = w.let(f"{{0}} // {sp.chunk}", ctx.offsets[sp.axis], name=f"{sp.axis}_part_lo",
+                   aval=I32)
+        hi = w.let(f"jnp.minimum({{0}} + {per}, {sp.chunks})", lo, name=f"{sp.axis}_part_hi",
+                   aval=I32)
+        return lo, hi
+
     def skip_bounds(self, sp, ctx):
         """The plan's tile skipping as loop bounds: ints, or Vars of this program's tile."""
         skip = sp.skip
@@ -537,7 +566,7 @@ class _Spelling:
                         + (f" ({g.tile} {g.axis})" if g.tile != 1 else f" (one {g.axis})"))
             off.temp = False
             offsets[g.axis] = off
-            if g.ragged:
+            if g.ragged and g.stacked is None:  # a split's part: its stream masks its tail
                 ok = w.let(f"{{0}} + jnp.arange({g.tile}) < {g.size}", off, name=f"{g.axis}_ok",
                            comment=f"the last tile overhangs {g.axis}={g.size}")
                 self.scopes[0][("ok", g.axis)] = ok
