@@ -144,9 +144,28 @@ class Optimized:
             lambda: self.saving._forward_kernel(backend, interpret, dtype),
             lambda: self.backward.kernel(backend, interpret=interpret, dtype=dtype))
 
+    @property
+    def sequential(self) -> Optimized | None:
+        """The program before its chain's split of a stream in parallel parts (split-K),
+        at its own best tiles (those this one shares kept); None for a program not split.
+        A backend that writes no split runs it (Mosaic GPU)."""
+        best = self.search.best
+        if not best.chain or best.chain[-1].rule != "split_stream" or best.parent is None:
+            return None
+        from napkin.lower.backends import get_backend
+        parent = best.parent
+        if parent._report is None:  # its full optimum, worked out as the best's was
+            parent._report = best._report
+        tiles = {**parent.tile_values, **{k: v for k, v in self.tiles.items()
+                                          if k in parent.tile_values}}
+        return dataclasses.replace(self, search=dataclasses.replace(self.search, best=parent),
+                                   tiles=tiles, launch=launch_of(parent.tiles, get_backend()))
+
     def _forward_kernel(self, backend, interpret, dtype):
         from napkin.lower import lower
         from napkin.lower.backends import get_backend
+        if backend == "mosaic" and self.sequential is not None:
+            return self.sequential._forward_kernel(backend, interpret, dtype)
         self._check_divisibility(backend)
         chosen = self.search.best.tiles.launch
         own = get_backend(backend).launch

@@ -510,17 +510,20 @@ def _floating(x) -> bool:
 
 
 def numeric(lhs, rhs, xs_lhs, xs_rhs=None, sizes_lhs=None, sizes_rhs=None,
-            tol: float = 1e-9, nonfinite: bool = False) -> str:
+            tol: float = 1e-9, nonfinite: bool = False, jit: bool = False) -> str:
     """Both sides through :func:`napkin.core.semantics.evaluate` (64-bit JAX
     enabled for the call); max error relative to max |lhs| must be ≤ ``tol``.
     ``nonfinite``: inputs hold ±∞ or NaN, and both sides must have the same
     non-finite entries (NaN where NaN, −∞ where −∞); otherwise any non-finite
-    value fails.  Returns a detail string or raises :class:`Failed`."""
+    value fails.  ``jit``: each side as one compiled program (a program of many boxes,
+    folded over many pieces, runs op by op much slower).  Returns a detail string or
+    raises :class:`Failed`."""
     import jax
     from napkin.core.semantics import evaluate
+    wrap = jax.jit if jit else (lambda f: f)
     with jax.enable_x64(True):
-        a = evaluate(lhs, sizes_lhs)(*xs_lhs)
-        b = evaluate(rhs, sizes_rhs)(*(xs_lhs if xs_rhs is None else xs_rhs))
+        a = wrap(evaluate(lhs, sizes_lhs))(*xs_lhs)
+        b = wrap(evaluate(rhs, sizes_rhs))(*(xs_lhs if xs_rhs is None else xs_rhs))
         a = [np.asarray(np.asarray(v, dtype=np.float32) if v.dtype.itemsize < 4 else v, np.float64)
              for v in (a if isinstance(a, tuple) else (a,))]
         b = [np.asarray(np.asarray(v, dtype=np.float32) if v.dtype.itemsize < 4 else v, np.float64)

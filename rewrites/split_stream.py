@@ -33,7 +33,7 @@ from napkin.frontend import ops
 from napkin.frontend.trace import trace
 from rewrites import tiles
 from rewrites.base import Rule, replacement
-from rewrites.stream_partition import _replay
+from rewrites.stream_partition import replay
 
 
 def parts_axis(axis: str) -> str:
@@ -47,6 +47,7 @@ class SplitStream(Rule):
     summary = ("split a stream's axis into parts folded in parallel, then merge the "
                "partial states with the accumulator's merge (split-K)")
     proof = "proofs.split_stream"
+    last = True
 
     def _find(self, program, site, params):
         axis = params.get("axis")
@@ -85,6 +86,12 @@ class SplitStream(Rule):
         if spec.merge is None:
             raise RuleError(f"split_stream: the accumulator of {stream_box.name} "
                             f"({spec.rule}) has no merge: its chunks fold only in order")
+        if outer is not None:
+            lacking = [o for o in spec.init.cod.inside if not o.type.has(outer.axis)]
+            if lacking:
+                raise RuleError(f"split_stream: the state {lacking[0]} of {stream_box.name} "
+                                f"lacks the group's axis {outer.axis}: a group's partial "
+                                f"states are written tile by tile along it")
         parts = parts_axis(axis)
         if any(t.has(parts) for t in array_types(stream_box.dom)):
             raise RuleError(f"split_stream: axis {parts} already exists")
@@ -105,7 +112,10 @@ class SplitStream(Rule):
         return replace_at(program, site.path, to_diagram(inline(reg, pieces)))
 
     def candidates(self, program, path=()):
-        """Every group of one mergeable stream, and every such stream, of the body."""
+        """Every group of one mergeable stream, and every such stream, at the top level
+        (a kernel of its own: a split inside a kernel's body has no grid to run on)."""
+        if path:
+            return
         g = view(body_at(program, path))
         for i, n in enumerate(op_order(g)):
             spec = g.nodes[n]["box"].spec
@@ -145,7 +155,7 @@ def split(outer, stream_box, size, box):
         acc, chunk = list(args[:len(state)]), args[len(state):2 * len(state)]
         one = [ops.sum_(c, parts, as_=n) for c, n in zip(chunk, names)]
         env = dict(zip(merge.graph["inputs"], acc + one))
-        _replay(merge, op_order(merge), env)
+        replay(merge, op_order(merge), env)
         return [env[v] for v in merge.graph["outputs"]]
     at_one = [(o.name, o.type.resize(parts, 1)) for o in stacked]
     merging = Stream(parts, 1, spec.init, trace(update, state + at_one + fixed_pairs, "merge"),

@@ -125,7 +125,7 @@ def analyse(graph, reg, axis):
     return claims, invariant + pre, invariant + post
 
 
-def _replay(graph, nodes, env, axis=None, chunk=None):
+def replay(graph, nodes, env, axis=None, chunk=None):
     """Re-record boxes on the current builder, re-inferring types (on chunks,
     nested groups and streams see the axis relabelled to the chunk)."""
     for n in nodes:
@@ -167,7 +167,7 @@ def build_stream(graph, reg, axis, chunk, claims, pre, post):
         env = dict(zip(reg.inputs, ins))
         # an invariant box only the finalize reads (positions along another axis) is not
         # replayed here: only what the claims' updates read
-        _replay(graph, _needed(graph, pre, [v for c in claims for v in c.inputs], env), env,
+        replay(graph, _needed(graph, pre, [v for c in claims for v in c.inputs], env), env,
                 axis, chunk)
         out, i = [], 0
         for c, st in zip(claims, states):
@@ -181,7 +181,7 @@ def build_stream(graph, reg, axis, chunk, claims, pre, post):
         # invariant boxes that compute what a claim's finalize reads go first (a sink
         # logit scaled inside the region); none for claims without extra values
         early = _needed(graph, post, [v for c in claims for v in c.extra], env)
-        _replay(graph, early, env)
+        replay(graph, early, env)
         i = 0
         for c, st in zip(claims, states):
             part = state[i:i + len(st)]
@@ -189,7 +189,7 @@ def build_stream(graph, reg, axis, chunk, claims, pre, post):
                     if c.extra else c.rule.finalize(graph, c, axis, part))
             env.update(zip(c.outputs, outs))
             i += len(st)
-        _replay(graph, [n for n in _needed(graph, post, reg.outputs, env) if n not in early],
+        replay(graph, [n for n in _needed(graph, post, reg.outputs, env) if n not in early],
                 env)
         # accumulators run in float32: hand results back in the region's dtypes
         return [env[v] if env[v].type.dtype == ob(graph, v).type.dtype

@@ -51,7 +51,7 @@ def test_proof_modules_are_named_by_the_rules(results):
         f"proofs.{m}" for m in ("group_partition", "stream_partition", "sum_contraction",
                                 "max_reduce", "logsumexp", "softmax_contraction",
                                 "normalized_contraction", "relabel_level", "recognize",
-                                "recompute", "softmax_lse")}
+                                "recompute", "softmax_lse", "split_stream")}
 
 
 def test_wrong_variants_fail(wrong):

@@ -698,6 +698,10 @@ def _run(args) -> int:
         opt.backward  # searched at full scale too, then fitted with the forward  # noqa: B018
     opt = opt.fit(sizes) if small and full != sizes else opt  # (searched at these: as found)
     chosen = parse_sizes(args.tile, "--tile", "TILE")
+    if args.backend == "mosaic" and opt.sequential is not None:
+        print("split-K: the Mosaic GPU backend writes no split stream; running the program "
+              "before the split")
+        opt = opt.sequential
     opt = opt.with_tiles(chosen)
     print("chain: " + " → ".join(str(m) for m in opt.chain))
     if opt.search.note:

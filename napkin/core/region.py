@@ -8,6 +8,8 @@ a certificate means the same boxes whenever the same program is rebuilt.
 """
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import dataclass
 
 import networkx as nx
@@ -61,7 +63,7 @@ def replace_at(diagram, path, new_body):
     node = g.nodes[order[path[0]]]
     spec = node["box"].spec
     inner = replace_at(spec.body, path[1:], new_body)
-    new_spec = type(spec)(spec.axis, spec.size, inner, spec.level)
+    new_spec = dataclasses.replace(spec, body=inner)
     dom = markov.Ty(*(g.nodes[v]["ob"] for v in node["ins"]))
     node["box"] = make_op(new_spec, dom, [ob.name for ob in node["box"].cod.inside], node["box"].name)
     return to_diagram(g)

@@ -806,18 +806,22 @@ class Planner:
         if ax in self.gaxes:
             raise NapkinError(f"stream {ax}: the axis is also grouped; not supported")
         loop = self.loop_of[id(spec)]
-        chunk = self.k.size_of(loop.size, f"stream {ax}", self.extent(loop))
+        # a split's stream runs over its part, at most the axis (one part overhangs it)
+        extent = min(self.extent(loop), self.grid[self.parts[ax]].size) if ax in self.parts \
+            else self.extent(loop)
+        chunk = self.k.size_of(loop.size, f"stream {ax}", extent)
         if isinstance(spec.chunk, sympy.Symbol):
             self.env[spec.chunk] = chunk
         plan = StreamPlan(ax, chunk, self.extent(loop), spec.rule)
         if ax in self.parts:  # split-K: the part of the whole axis this program folds
             d = self.parts[ax]
             part = self.grid[d]
-            if part.tile % chunk:
+            per = -(-part.tile // chunk) if part.tiles == 1 else part.tile // chunk
+            if part.tiles > 1 and part.tile % chunk:
                 raise NapkinError(f"split {ax}: parts of {part.tile} do not hold whole chunks "
                                   f"of {chunk} (choose a part tile that is a multiple of the "
                                   f"chunk)")
-            plan = StreamPlan(ax, chunk, part.size, spec.rule, (d, part.tile // chunk))
+            plan = StreamPlan(ax, chunk, part.size, spec.rule, (d, per))
             self.notes.append(f"stream {ax}: split in {part.tiles} parts of {part.tile}, one "
                               f"per program, each writing its partial state")
         plan.skip = self.skip(spec, plan)

@@ -34,13 +34,14 @@ import time
 from dataclasses import dataclass, field
 
 import networkx as nx
+import sympy
 
 from napkin.search.canonical import canonical_hash, same_program
 from napkin.certify.certificate import fingerprint
 from napkin.core.errors import NapkinError
 from napkin.core.ir import ops as op_order, primitive_boxes, view
 from napkin.cost import Grid, cost, optimize_tiles, value_at
-from napkin.cost.model import bytes_per_value, compute_times
+from napkin.cost.model import bytes_per_value, compute_times, sym_subs
 from napkin.hardware import DTYPE_BYTES, get_hardware
 from napkin.core.region import Site, body_at
 from rewrites import RULES
@@ -98,6 +99,7 @@ class State:
                                           # kernels' smallest memory), summed
     bound_by: str = ""
     tile_values: dict = field(default_factory=dict)
+    best_point: int | None = None  # the grid point of those tiles
     found_s: float = 0.0          # seconds into the search when it was reached
     parent: "State | None" = field(default=None, repr=False)  # the state it was first reached from
     via: Move | None = None       # ... by this move
@@ -337,6 +339,7 @@ class Evaluator:
                 state.bytes = float(grid.Hb[best])
                 state.bound_by = grid.labels[int(grid.which[best])]
             state.tile_values = grid.values(best)
+            state.best_point = int(best)
             state.min_memory = grid.shortfall(launch=self.objective == "time")
             if not feasible:  # how far from fitting: every box's own arrays beyond the
                 # smallest capacity (each layer of a stack counts: the kernels' peaks alone
@@ -423,8 +426,15 @@ class Evaluator:
         return moved / self.hw.levels[1].bandwidth_bytes_per_s
 
     def _bytes(self, obs) -> float:
-        return sum(value_at(ob.type.numel, self.sizes) * self._bytes_per_value(ob)
-                   for ob in obs)
+        return sum(self._least_numel(ob.type.numel) * self._bytes_per_value(ob) for ob in obs)
+
+    def _least_numel(self, numel) -> float:
+        """Entries of an array at these sizes; one whose size a tile sets (a split's partial
+        states, one per part) at its least, the tile at its largest (a lower bound)."""
+        expr = sym_subs(sympy.sympify(numel), self.sizes)
+        if not expr.free_symbols:
+            return float(expr)
+        return float(max(expr.xreplace({s: sympy.oo for s in expr.free_symbols}), 0))
 
 
 def search(diagram, hardware="h100", sizes=None, dtype=None, *, max_states: int = 2000,
@@ -580,6 +590,24 @@ class _Run:
                             self.refused, self.commuted, ev.hw, self.pruned, note, self.stopped)
 
 
+# A split of a stream's parts over more blocks (split-K) is tried on a program whose kernel
+# launches fewer blocks than this share of the SMs: decoding, a few query tiles against a
+# long key axis (1 to 32 blocks on 132 SMs).  Between it and a full wave the model can find
+# a split faster too (single-head attention at q = x = 4096: 64 query tiles, 1.6x), as
+# FlashAttention-2's split heuristic would; napkin leaves that prefill unsplit.
+SPLIT_BELOW = 0.25
+
+
+def leaves_sms_idle(state, hw) -> bool:
+    """Whether some kernel of ``state``'s program, at its best tiles, launches fewer blocks
+    than :data:`SPLIT_BELOW` of the SMs (the blocks a split would add could run)."""
+    sms = getattr(hw, "sms", None)
+    launches = state.grid.launches if state.grid is not None else None
+    if not sms or not state.feasible or launches is None or state.best_point is None:
+        return False
+    return any(k["blocks"] < SPLIT_BELOW * sms for k in launches.at(state.best_point))
+
+
 def _refinements() -> dict:
     """The rules of the second phase of a search over the whole hierarchy: those that
     only move a program's arrays between levels, or tile inside a kernel that exists."""
@@ -614,11 +642,15 @@ def _best_first(roots, ev: "Evaluator", max_states: int, max_seconds: float, t0:
     rank: dict = {}  # move ident -> a fixed total order (first seen, first ranked)
 
     def moves_of(state: State) -> list:
+        if state.moves is None and any(RULES[m.rule].last for m in state.chain):
+            state.moves = []  # a chain that a final move ended
         if state.moves is None:
             refused = run.refused if state.key in root_keys and not refine else None
+            idle = leaves_sms_idle(state, ev.hw)
             state.moves = [mv for mv in moves(state.program, rules=rules, refused=refused,
                                               levels=ev.levels)
-                           if not refine or mv.site.path or RULES[mv.rule].relabels_levels]
+                           if (not refine or mv.site.path or RULES[mv.rule].relabels_levels)
+                           and (idle or not RULES[mv.rule].last)]
             for mv in state.moves:
                 rank.setdefault(mv.ident, len(rank))
         return state.moves

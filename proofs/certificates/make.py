@@ -26,6 +26,14 @@ DERIVATIONS = {
         ("group_partition", (), {"axis": "q", "size": "g_q"}),
         ("stream_partition", (0,), {"axis": "x", "chunk": "s_x"}),
     ], {"q": 128, "x": 256, "d": 64}, {"g_q": 64, "s_x": 128}),
+    # Flash-decoding (split-K): FlashAttention's stream of the keys cut in parts folded in
+    # parallel, one partial state (mu, z, o) per part, merged in order by the accumulator's
+    # merge (causal: the later parts of a query tile hold no key it sees).
+    "flash_decoding": ("causal_attention", [
+        ("group_partition", (), {"axis": "q", "size": "g_q"}),
+        ("stream_partition", (0,), {"axis": "x", "chunk": "s_x"}),
+        ("split_stream", (), {"axis": "x", "size": "p_x", "ops": [0]}),
+    ], {"q": 64, "x": 256, "d": 32}, {"g_q": 32, "s_x": 32, "p_x": 64}),
     # Tiled matmul: tile rows, then columns, stream the contracted axis.
     "tiled_matmul": ("matmul", [
         ("group_partition", (), {"axis": "a", "size": "g_a"}),
