@@ -226,8 +226,14 @@ class Optimized:
             least = dict(info[tile].multiples).get("dot_min", 1) if tile in info else 1
             axis = sizes.get(info[tile].axis, value) if tile in info else value
             return min(int(value), max(_pow2_at_most(axis // 4), least))
-        fitted = dataclasses.replace(self, sizes=sizes,
-                                     tiles={t: shrunk(t, v) for t, v in self.tiles.items()})
+        import sympy
+        from napkin.cost import value_at
+        tiles = {t: shrunk(t, v) for t, v in self.tiles.items()}
+        for t, v in tiles.items():  # a tile inside another's tile of its axis (a split's
+            full = info[t].full if t in info else None  # chunk in its part) fits in it
+            if full is not None and {str(f) for f in sympy.sympify(full).free_symbols} & set(tiles):
+                tiles[t] = min(v, int(value_at(full, {**sizes, **tiles})))
+        fitted = dataclasses.replace(self, sizes=sizes, tiles=tiles)
         if "backward" in self.__dict__:  # searched already: the same structure, fitted too
             fitted.__dict__["backward"] = self.backward.fit(sizes)
         if "saving" in self.__dict__:

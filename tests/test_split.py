@@ -1,0 +1,78 @@
+"""Split-K (issue 27): a stream whose accumulator has a merge folds its parts in parallel, one
+partial state per part, and a second kernel merges them in order.  The search tries it where
+a kernel leaves the SMs idle (decoding), the model prices the blocks it adds against the
+partial states' round trip through HBM, and the Triton kernel matches float64 at ragged
+sizes, with parts whose every key is masked."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import napkin
+from napkin.frontend.library import LIBRARY
+
+DECODE = {"q": 16, "x": 131072, "d": 128}
+
+
+def _split(opt):
+    return [m.rule for m in opt.chain][-1] == "split_stream"
+
+
+def test_decoding_splits_the_keys_and_prefill_does_not():
+    opt = napkin.optimize("attention", "h200", DECODE)
+    assert _split(opt)
+    seq = opt.sequential
+    assert seq is not None and not _split(seq)
+    (first, merge) = opt.search.best.tiles.launch
+    assert first["blocks"] >= 64 and merge["blocks"] == seq.search.best.tiles.launch[0]["blocks"]
+    # one block streamed 131072 keys; the parts fill the chip: the model's time falls by
+    # more than an order of magnitude (partial states through HBM and a second launch paid)
+    assert seq.search.best.time_s / opt.search.best.time_s > 20
+    # prefill with heads fills the chip already; single-head prefill is left unsplit
+    assert not _split(napkin.optimize("mha", "h200", {"h": 16, "q": 4096, "x": 4096, "d": 128}))
+    assert not _split(napkin.optimize("attention", "h200", {"q": 4096, "x": 4096, "d": 128}))
+
+
+@pytest.mark.parametrize("name", ["attention", "causal_attention"])
+@pytest.mark.parametrize("dtype, tol", [("f32", 1e-5), ("bf16", 2e-2)])
+def test_the_split_kernel_matches_float64_at_ragged_sizes(name, dtype, tol):
+    """q = 20, x = 203: ragged query tiles, parts and chunks; causal: the later parts of
+    every query tile hold no key it sees (their partial state is the empty one)."""
+    opt = napkin.optimize(name, "h200", DECODE, max_states=400)
+    assert _split(opt)
+    small = opt.fit({"q": 20, "x": 203, "d": 16})
+    assert small.tiles["p_x"] < 203 and small.tiles["p_x"] % small.tiles["s_x"] == 0
+    alg = LIBRARY[name]
+    rng = np.random.default_rng(5)
+    xs = [jnp.asarray(x, jnp.float32) for x in alg.sample(rng, small.sizes)]
+    jdt = {"f32": jnp.float32, "bf16": jnp.bfloat16}[dtype]
+    got = small.kernel("triton", interpret=True, dtype=dtype)(*[x.astype(jdt) for x in xs])
+    with jax.enable_x64(True):
+        want = np.asarray(alg.reference(*[x.astype(jnp.float64) for x in xs]))
+    err = np.abs(np.asarray(got, np.float64) - want).max() / np.abs(want).max()
+    assert err <= tol, err
+    assert small.check().ok
+
+
+def test_gradients_through_a_split_forward():
+    opt = napkin.optimize("attention", "h200", DECODE, max_states=400)
+    small = opt.fit({"q": 20, "x": 203, "d": 16})
+    alg = LIBRARY["attention"]
+    rng = np.random.default_rng(6)
+    xs = [jnp.asarray(x, jnp.float32) for x in alg.sample(rng, small.sizes)]
+    c = jnp.asarray(rng.standard_normal((20, 16)), jnp.float32)
+    k = small.kernel("triton", interpret=True, dtype="f32")
+    got = jax.grad(lambda *a: jnp.sum(k(*a) * c), argnums=(0, 1, 2))(*xs)
+    with jax.enable_x64(True):
+        want = jax.grad(lambda *a: jnp.sum(alg.reference(*a) * c.astype(jnp.float64)),
+                        argnums=(0, 1, 2))(*[x.astype(jnp.float64) for x in xs])
+    for g, w in zip(got, want):
+        assert np.abs(np.asarray(g, np.float64) - w).max() <= 1e-4 * np.abs(w).max()
+
+
+def test_the_command_line_prints_the_split(capsys):
+    from napkin import cli
+    rc = cli.main(["optimize", "attention", "--hardware", "h200", "--size", "q=16",
+                   "--size", "x=131072"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "split_stream(axis=x)" in out
