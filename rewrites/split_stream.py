@@ -60,24 +60,23 @@ class SplitStream(Rule):
             raise RuleError("split_stream applies at one box: a group whose body is one "
                             "stream, or a stream")
         node = g.nodes[order[site.ops[0]]]
-        outer = node["box"].spec
-        if getattr(outer, "kind", None) == "group":
-            if outer.stack is not None:
-                raise RuleError(f"split_stream: {node['box'].name} already holds partial "
-                                f"states")
-            inner = view(outer.body)
+        outers, stream_box = [], node["box"]  # the groups around the stream, outermost first
+        while getattr(stream_box.spec, "kind", None) == "group":
+            group = stream_box.spec
+            if group.stack is not None:
+                raise RuleError(f"split_stream: {stream_box.name} already holds partial states")
+            inner = view(group.body)
             inner_order = op_order(inner)
             if len(inner_order) != 1:
-                raise RuleError(f"split_stream: the body of {node['box'].name} is "
+                raise RuleError(f"split_stream: the body of {stream_box.name} is "
                                 f"{len(inner_order)} boxes, not one stream (the parts' "
                                 f"states must be all the group writes)")
-            snode = inner.nodes[inner_order[0]]
-            if snode["ins"] != inner.graph["inputs"] or snode["outs"] != inner.graph["outputs"]:
-                raise RuleError(f"split_stream: the stream in {node['box'].name} does not "
-                                f"read and write the group's own wires in order")
-            stream_box = snode["box"]
-        else:
-            outer, stream_box = None, node["box"]
+            only = inner.nodes[inner_order[0]]
+            if only["ins"] != inner.graph["inputs"] or only["outs"] != inner.graph["outputs"]:
+                raise RuleError(f"split_stream: the box in {stream_box.name} does not read "
+                                f"and write the group's own wires in order")
+            outers.append(stream_box)
+            stream_box = only["box"]
         spec = stream_box.spec
         if getattr(spec, "kind", None) != "stream":
             raise RuleError(f"split_stream: {stream_box.name} is not a stream")
@@ -86,28 +85,28 @@ class SplitStream(Rule):
         if spec.merge is None:
             raise RuleError(f"split_stream: the accumulator of {stream_box.name} "
                             f"({spec.rule}) has no merge: its chunks fold only in order")
-        if outer is not None:
-            lacking = [o for o in spec.init.cod.inside if not o.type.has(outer.axis)]
+        for group in outers:
+            lacking = [o for o in spec.init.cod.inside if not o.type.has(group.spec.axis)]
             if lacking:
                 raise RuleError(f"split_stream: the state {lacking[0]} of {stream_box.name} "
-                                f"lacks the group's axis {outer.axis}: a group's partial "
-                                f"states are written tile by tile along it")
+                                f"lacks the axis {group.spec.axis} of {group.name}: a group's "
+                                f"partial states are written tile by tile along it")
         parts = parts_axis(axis)
         if any(t.has(parts) for t in array_types(stream_box.dom)):
             raise RuleError(f"split_stream: axis {parts} already exists")
         reg = region(g, site.ops)
         size = tiles.choose(program, site.path, reg.boxes(), params.get("size"), "group", axis,
                             f"p_{axis}", f"cannot split {axis}")
-        return g, reg, node, outer, stream_box, size
+        return g, reg, node, outers, stream_box, size
 
     def check(self, program, site, params):
         self._find(program, site, params)
 
     def apply(self, program, site, params):
-        g, reg, node, outer, stream_box, size = self._find(program, site, params)
+        g, reg, node, outers, stream_box, size = self._find(program, site, params)
 
         def make():
-            return split(outer, stream_box, size, node["box"])
+            return split(outers, stream_box, size, node["box"])
         pieces = replacement(self.name, (stream_box.spec.axis, size), reg, make)
         return replace_at(program, site.path, to_diagram(inline(reg, pieces)))
 
@@ -119,19 +118,20 @@ class SplitStream(Rule):
         g = view(body_at(program, path))
         for i, n in enumerate(op_order(g)):
             spec = g.nodes[n]["box"].spec
-            if spec.kind == "group" and spec.stack is None:
+            while spec.kind == "group" and spec.stack is None:  # down the lone groups
                 inner = view(spec.body)
                 boxes = [inner.nodes[m]["box"].spec for m in op_order(inner)]
-                if len(boxes) == 1 and boxes[0].kind == "stream" and boxes[0].merge is not None:
-                    yield Site(tuple(path), (i,)), {"axis": boxes[0].axis}
-            elif spec.kind == "stream" and spec.merge is not None:
+                if len(boxes) != 1:
+                    break
+                spec = boxes[0]
+            if spec.kind == "stream" and spec.merge is not None:
                 yield Site(tuple(path), (i,)), {"axis": spec.axis}
 
 
-def split(outer, stream_box, size, box):
-    """The two boxes that replace ``box`` (``outer``, a group around ``stream_box``, or
-    the stream itself when ``outer`` is None), as one diagram: the parts' states, then
-    their merge."""
+def split(outers, stream_box, size, box):
+    """The two boxes that replace ``box`` (the groups ``outers`` around ``stream_box``,
+    outermost first, or the stream itself), as one diagram: the parts' states, then their
+    merge, each inside the same groups."""
     spec = stream_box.spec
     axis, parts = spec.axis, parts_axis(spec.axis)
     names = [o.name for o in spec.init.cod.inside]
@@ -144,7 +144,8 @@ def split(outer, stream_box, size, box):
     keep = trace(lambda *a: list(a[:len(state)]), state + fixed_pairs, "state")
     part = relabel(one_box(dataclasses.replace(spec, finalize=keep), sdom, names,
                            stream_box.name), axis, size)
-    partials = Group(axis, size, part, outer.level if outer else "smem", stack=parts)
+    partials = Group(axis, size, part, outers[-1].spec.level if outers else "smem",
+                     stack=parts)
     split_box = make_op(partials, sdom, names, f"split {axis}")
     stacked = list(split_box.cod.inside)
 
@@ -163,17 +164,16 @@ def split(outer, stream_box, size, box):
     outs = [o.name for o in box.cod.inside]
     merge_dom = markov.Ty(*stacked, *fixed)
     merge_box = make_op(merging, merge_dom, outs, f"merge {parts}")
-    if outer is None:
-        first, second = split_box, merge_box
-    else:
-        first = make_op(dataclasses.replace(outer, body=one_box(partials, sdom, names,
-                                                                 f"split {axis}")),
-                        box.dom, names, box.name)
-        second = make_op(dataclasses.replace(outer, body=one_box(merging, merge_dom, outs,
-                                                                  f"merge {parts}")),
-                         markov.Ty(*first.cod.inside,
-                                   *[o for o in box.dom.inside if not o.type.has(axis)]),
-                         outs, box.name)
+    first, second = split_box, merge_box
+    for group in reversed(outers):  # the same groups around each, innermost first
+        states = [o.name for o in first.cod.inside]
+        wrapped = make_op(dataclasses.replace(group.spec, body=one_box(
+            first.spec, first.dom, states, first.name)), group.dom, states, group.name)
+        second = make_op(dataclasses.replace(group.spec, body=one_box(
+            second.spec, second.dom, outs, second.name)),
+            markov.Ty(*wrapped.cod.inside, *[o for o in group.dom.inside
+                                             if not o.type.has(axis)]), outs, group.name)
+        first = wrapped
     b = GraphBuilder()
     ins = [b.input(o) for o in box.dom.inside]
     states = b.op(first, ins)

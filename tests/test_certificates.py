@@ -41,7 +41,7 @@ from rewrites import RULES
 
 ROOT = Path(__file__).resolve().parents[1]
 REQUIRED = ["flash_attention", "tiled_matmul", "causal_attention", "gqa", "cross_entropy",
-            "rmsnorm_matmul"]
+            "rmsnorm_matmul", "flash_decoding"]
 
 # Print some stored certificates' replayed fingerprints (nested groups, a
 # stream, head grouping, normalized contraction) and the modules the checker

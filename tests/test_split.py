@@ -76,3 +76,34 @@ def test_the_command_line_prints_the_split(capsys):
                    "--size", "x=131072"])
     out = capsys.readouterr().out
     assert rc == 0 and "split_stream(axis=x)" in out
+
+
+def test_a_split_inside_nested_groups_is_checked_and_runs():
+    """group h [group q [stream x]]: the split reaches the stream through both groups and
+    wraps the parts and the merge in the same two."""
+    from napkin.certify.certificate import derive
+    from napkin.certify.checker import check_certificate
+    from napkin.core.region import Site
+    from napkin.lower import lower
+    steps = [("group_partition", (), {"axis": "h"}),
+             ("group_partition", (0,), {"axis": "q"}),
+             ("stream_partition", (0, 0), {"axis": "x"}),
+             ("split_stream", Site((), (0,)), {"axis": "x"})]
+    sizes, tiles = {"h": 3, "q": 5, "x": 37, "d": 4}, {"g_h": 2, "g_q": 4, "s_x": 4, "p_x": 8}
+    cert = derive("mha", steps, sizes, tiles)
+    assert check_certificate(cert).ok
+    from napkin.certify.certificate import load_algorithm
+    from rewrites import get_rule
+    from napkin.certify.certificate import _site
+    program = load_algorithm("mha").build("f32")
+    for rule, site, params in steps:
+        program = get_rule(rule).apply(program, _site(program, site, rule), params)
+    alg = LIBRARY["mha"]
+    xs = [jnp.asarray(x, jnp.float32) for x in alg.sample(np.random.default_rng(7),
+                                                          {"h": 3, "q": 20, "x": 203, "d": 16})]
+    k = lower(program, {"g_h": 1, "g_q": 16, "s_x": 16, "p_x": 64}, backend="triton",
+              interpret=True, dtype="f32")
+    with jax.enable_x64(True):
+        want = np.asarray(alg.reference(*[x.astype(jnp.float64) for x in xs]))
+    got = np.asarray(k(*xs), np.float64)
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
