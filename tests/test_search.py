@@ -87,17 +87,10 @@ def test_attention_is_flash_attention():
                                   "softcap_attention"])
 def test_attention_variants_stream_the_key_axis(name):
     r = search(get(name).diagram(), H100, dict(q=2048, x=2048, d=64), "bf16")
-    # 32 query tiles leave 100 of 132 SMs idle: the keys are split in parts (split-K) after
-    # the two moves, which commute: either order reaches the same program, a q tile
-    # streaming x
-    assert chain(r)[-1] == ("split_stream", "x")
-    before = r.best.parent
-    assert sorted((m.rule, m.params_dict.get("axis")) for m in before.chain) == \
-        [("group_partition", "q"), ("stream_partition", "x")]
-    assert groups(before.program) == ["q"]
-    assert r.best.time_s < before.time_s
-    assert [a for a, _ in streams(before.program)] == ["x"]
-    assert [a for a, _ in streams(r.best.program)] == ["x", "x_parts"]
+    # the two moves commute: either order reaches the same program, a q tile streaming x
+    assert sorted(chain(r)) == [("group_partition", "q"), ("stream_partition", "x")]
+    assert groups(r.best.program) == ["q"]
+    assert [a for a, _ in streams(r.best.program)] == ["x"]
 
 
 def test_gqa_groups_kv_heads_and_shares_them_across_query_heads():

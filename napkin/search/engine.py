@@ -574,7 +574,9 @@ class _Run:
             return None if s.feasible else tuple(sorted((lv, round(m)) for lv, m
                                                         in s.min_memory.items()))
         # (programs a backend writes first, as the best is chosen: _better)
-        for s in sorted((s for s in states if s.key != best.key and not s.pruned),
+        # (a split of a slower program is that program made faster: no structure of its own)
+        for s in sorted((s for s in states if s.key != best.key and not s.pruned
+                         and not (s.chain and RULES[s.chain[-1].rule].last)),
                         key=lambda s: (bool(s.unlowerable), s.time_s, smallest(s) or (),
                                        len(s.chain))):
             sig = (round(s.time_s, 15) if math.isfinite(s.time_s) else math.inf,
@@ -596,16 +598,25 @@ class _Run:
 # a split faster too (single-head attention at q = x = 4096: 64 query tiles, 1.6x), as
 # FlashAttention-2's split heuristic would; napkin leaves that prefill unsplit.
 SPLIT_BELOW = 0.25
+# ... and only on a program that runs longer than this many kernel launches: a split adds a
+# launch and a round trip of the partial states, which a program of a few microseconds
+# cannot win back (and the many small problems a search meets need not price it)
+SPLIT_LAUNCHES = 10
 
 
-def leaves_sms_idle(state, hw) -> bool:
+def leaves_sms_idle(state, hw, best_s: float = math.inf) -> bool:
     """Whether some kernel of ``state``'s program, at its best tiles, launches fewer blocks
-    than :data:`SPLIT_BELOW` of the SMs (the blocks a split would add could run)."""
+    than :data:`SPLIT_BELOW` of the SMs (the blocks a split would add could run), in a
+    program longer than :data:`SPLIT_LAUNCHES` launches, that a split could make faster than
+    ``best_s`` (the best time found): filling the SMs divides its time by at most
+    SMs ÷ blocks."""
     sms = getattr(hw, "sms", None)
     launches = state.grid.launches if state.grid is not None else None
-    if not sms or not state.feasible or launches is None or state.best_point is None:
+    if not sms or not state.feasible or launches is None or state.best_point is None \
+            or state.time_s < SPLIT_LAUNCHES * getattr(hw, "launch_s", 0.0):
         return False
-    return any(k["blocks"] < SPLIT_BELOW * sms for k in launches.at(state.best_point))
+    fewest = min((k["blocks"] for k in launches.at(state.best_point)), default=sms)
+    return fewest < SPLIT_BELOW * sms and state.time_s * fewest / sms < best_s
 
 
 def _refinements() -> dict:
@@ -646,7 +657,7 @@ def _best_first(roots, ev: "Evaluator", max_states: int, max_seconds: float, t0:
             state.moves = []  # a chain that a final move ended
         if state.moves is None:
             refused = run.refused if state.key in root_keys and not refine else None
-            idle = leaves_sms_idle(state, ev.hw)
+            idle = leaves_sms_idle(state, ev.hw, run.best.time_s if run.best else math.inf)
             state.moves = [mv for mv in moves(state.program, rules=rules, refused=refused,
                                               levels=ev.levels)
                            if (not refine or mv.site.path or RULES[mv.rule].relabels_levels)
@@ -959,13 +970,16 @@ def _too_small(states, ev) -> str:
 
 def enumerate_chains(diagram, depth: int):
     """Every program reachable in at most ``depth`` rule applications (for
-    cross-checking the search on small instances)."""
+    cross-checking the search on small instances), without the final moves (a split,
+    which the search offers only where the SMs sit idle: :func:`leaves_sms_idle`)."""
     seen = {fingerprint(diagram): (diagram, ())}
     layer = [(diagram, ())]
     for _ in range(depth):
         nxt = []
         for prog, chain in layer:
             for mv in moves(prog):
+                if RULES[mv.rule].last:
+                    continue
                 child = apply_move(prog, mv)
                 key = fingerprint(child)
                 if key not in seen:
