@@ -164,8 +164,9 @@ class Optimized:
     def _forward_kernel(self, backend, interpret, dtype):
         from napkin.lower import lower
         from napkin.lower.backends import get_backend
-        if backend == "mosaic" and self.sequential is not None:
-            return self.sequential._forward_kernel(backend, interpret, dtype)
+        sequential = self.sequential if backend == "mosaic" else None
+        if sequential is not None:
+            return sequential._forward_kernel(backend, interpret, dtype)
         self._check_divisibility(backend)
         chosen = self.search.best.tiles.launch
         own = get_backend(backend).launch

@@ -32,7 +32,7 @@ from napkin.core.streamed import Group, Stream
 from napkin.frontend import ops
 from napkin.frontend.trace import trace
 from rewrites import tiles
-from rewrites.base import Rule, replacement
+from rewrites.base import Rule, one_op, replacement
 from rewrites.stream_partition import replay
 
 
@@ -53,30 +53,12 @@ class SplitStream(Rule):
         axis = params.get("axis")
         if not isinstance(axis, str):
             raise RuleError("split_stream needs a parameter axis (the stream's axis)")
-        body = body_at(program, site.path)
-        g = view(body)
-        order = op_order(g)
-        if len(site.ops) != 1 or not 0 <= site.ops[0] < len(order):
-            raise RuleError("split_stream applies at one box: a group whose body is one "
-                            "stream, or a stream")
-        node = g.nodes[order[site.ops[0]]]
-        outers, stream_box = [], node["box"]  # the groups around the stream, outermost first
-        while getattr(stream_box.spec, "kind", None) == "group":
-            group = stream_box.spec
-            if group.stack is not None:
-                raise RuleError(f"split_stream: {stream_box.name} already holds partial states")
-            inner = view(group.body)
-            inner_order = op_order(inner)
-            if len(inner_order) != 1:
-                raise RuleError(f"split_stream: the body of {stream_box.name} is "
-                                f"{len(inner_order)} boxes, not one stream (the parts' "
-                                f"states must be all the group writes)")
-            only = inner.nodes[inner_order[0]]
-            if only["ins"] != inner.graph["inputs"] or only["outs"] != inner.graph["outputs"]:
-                raise RuleError(f"split_stream: the box in {stream_box.name} does not read "
-                                f"and write the group's own wires in order")
-            outers.append(stream_box)
-            stream_box = only["box"]
+        g, n = one_op(self.name, program, site, view,
+                      "one box: a group whose body is one stream, or a stream")
+        node = g.nodes[n]
+        outers, stream_box, why = lone_groups(node["box"])
+        if why:
+            raise RuleError(f"split_stream: {why}")
         spec = stream_box.spec
         if getattr(spec, "kind", None) != "stream":
             raise RuleError(f"split_stream: {stream_box.name} is not a stream")
@@ -117,15 +99,30 @@ class SplitStream(Rule):
             return
         g = view(body_at(program, path))
         for i, n in enumerate(op_order(g)):
-            spec = g.nodes[n]["box"].spec
-            while spec.kind == "group" and spec.stack is None:  # down the lone groups
-                inner = view(spec.body)
-                boxes = [inner.nodes[m]["box"].spec for m in op_order(inner)]
-                if len(boxes) != 1:
-                    break
-                spec = boxes[0]
-            if spec.kind == "stream" and spec.merge is not None:
-                yield Site(tuple(path), (i,)), {"axis": spec.axis}
+            _, box, why = lone_groups(g.nodes[n]["box"])
+            if not why and box.spec.kind == "stream" and box.spec.merge is not None:
+                yield Site(tuple(path), (i,)), {"axis": box.spec.axis}
+
+
+def lone_groups(box) -> tuple[list, object, str]:
+    """(the groups from ``box`` down, each the whole body of the one around it, outermost
+    first; the box inside the last; why the descent stopped short of it, or "")."""
+    outers = []
+    while getattr(box.spec, "kind", None) == "group":
+        if box.spec.stack is not None:
+            return outers, box, f"{box.name} already holds partial states"
+        inner = view(box.spec.body)
+        order = op_order(inner)
+        if len(order) != 1:
+            return outers, box, (f"the body of {box.name} is {len(order)} boxes, not one "
+                                 f"stream (the parts' states must be all the group writes)")
+        only = inner.nodes[order[0]]
+        if only["ins"] != inner.graph["inputs"] or only["outs"] != inner.graph["outputs"]:
+            return outers, box, (f"the box in {box.name} does not read and write the "
+                                 f"group's own wires in order")
+        outers.append(box)
+        box = only["box"]
+    return outers, box, ""
 
 
 def split(outers, stream_box, size, box):

@@ -307,16 +307,12 @@ class _Spelling:
             w.rename(var, ob.name)
         bounds = self.skip_bounds(sp, ctx)
         part = self.part_bounds(sp, ctx)
-        if part is not None and bounds is not None and all(isinstance(b, int) for b in bounds):
-            # static skipping within a part: the part's chunks that the masks keep
-            part = (w.let(f"jnp.maximum({{0}}, {bounds[0]})", part[0], name=f"{ax}_lo"),
-                    w.let(f"jnp.minimum({{0}}, {bounds[1]})", part[1], name=f"{ax}_hi"))
-            bounds = None
-        elif part is not None and bounds is not None:
-            lo, hi = bounds
-            bounds = (w.let("jnp.maximum({0}, {1})", part[0], lo, name=f"{ax}_lo"),
-                      w.let("jnp.minimum({0}, {1})", part[1], hi, name=f"{ax}_hi"))
-            part = None
+        if part is not None and bounds is not None:
+            # tile skipping within a part: the part's chunks that the masks keep (static
+            # skipping bounds become this part's, dynamic ones keep their unmasked middle)
+            static = all(isinstance(b, int) for b in bounds)
+            part, bounds = (self.within(part, bounds, ax), None) if static else \
+                (None, self.within(part, bounds, ax))
 
         def step(kind, unmasked=False):
             fn = w.fresh(f"{ax}_{kind}")
@@ -390,10 +386,12 @@ class _Spelling:
                 state = unpack(f"{fn}({c}, {carry(state)}, {given})")
         elif bounds is None and (sp.skip_queries is not None or part is not None):
             # a program per key tile, or per part of a split: its chunks only
-            lo, hi = self.query_bounds(sp, ctx) if sp.skip_queries is not None else part
-            if sp.skip_queries is not None and part is not None:
-                lo = w.let("jnp.maximum({0}, {1})", lo, part[0], name=f"{ax}_lo")
-                hi = w.let("jnp.minimum({0}, {1})", hi, part[1], name=f"{ax}_hi")
+            if sp.skip_queries is None:
+                lo, hi = part
+            else:
+                lo, hi = self.query_bounds(sp, ctx)
+                if part is not None:
+                    lo, hi = self.within(part, (lo, hi), ax)
             if n_full:
                 state = unpack(f"lax.fori_loop({lo}, jnp.minimum({hi}, {n_full}), {full_fn}, "
                                f"{carry(state)})")
@@ -520,6 +518,12 @@ class _Spelling:
         hi = w.let(f"jnp.minimum({{0}} + {per}, {sp.chunks})", lo, name=f"{sp.axis}_part_hi",
                    aval=I32)
         return lo, hi
+
+    def within(self, part, bounds, ax):
+        """The chunk range ``bounds`` (ints or Vars) inside the part's ``part`` (Vars)."""
+        w = self.w
+        return (w.let("jnp.maximum({0}, {1})", part[0], bounds[0], name=f"{ax}_lo"),
+                w.let("jnp.minimum({0}, {1})", part[1], bounds[1], name=f"{ax}_hi"))
 
     def skip_bounds(self, sp, ctx):
         """The plan's tile skipping as loop bounds: ints, or Vars of this program's tile."""
