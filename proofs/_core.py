@@ -510,7 +510,7 @@ def _floating(x) -> bool:
 
 
 def numeric(lhs, rhs, xs_lhs, xs_rhs=None, sizes_lhs=None, sizes_rhs=None,
-            tol: float = 1e-9, nonfinite: bool = False, jit: bool = False) -> str:
+            tol: float = 1e-9, nonfinite: bool = False, jit: bool = True) -> str:
     """Both sides through :func:`napkin.core.semantics.evaluate` (64-bit JAX
     enabled for the call); max error relative to max |lhs| must be ≤ ``tol``.
     ``nonfinite``: inputs hold ±∞ or NaN, and both sides must have the same

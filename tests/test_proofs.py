@@ -6,9 +6,12 @@ from proofs.wrong_variants import VARIANTS
 from rewrites import RULES, STREAMABILITY
 
 
-@pytest.fixture(scope="module")
-def results():
-    return prove_all()
+ALL = list(RULES.values()) + list(STREAMABILITY)
+_PROVED: dict = {}  # proof module -> its result, shared by the rules that share a module
+
+
+def proved(rule):
+    return prove_rule(rule, _PROVED)
 
 
 @pytest.fixture(scope="module")
@@ -16,42 +19,34 @@ def wrong():
     return prove_wrong()
 
 
-def test_every_rule_has_a_proof_result(results):
-    names = [r.rule for r in results]
-    assert names == [r.name for r in RULES.values()] + [r.name for r in STREAMABILITY]
-    assert all(isinstance(r, ProofResult) for r in results)
-
-
-def test_every_rule_proves(results):
-    failed = [r.summary() for r in results if not r.ok]
-    assert not failed, "\n".join(failed)
-
-
-def test_proofs_check_symbolic_and_numeric_obligations(results):
-    for r in results:
-        kinds = {o.kind for o in r.obligations}
-        assert "numeric" in kinds, r.rule
-        assert kinds & {"symbolic", "structure"}, r.rule
-        assert r.statement, f"{r.module} has no docstring statement"
-    by_rule = {r.rule: r for r in results}
-    for name in ("softmax_contraction", "logsumexp", "max", "sum_contraction",
-                 "stream_partition"):
-        descs = " ".join(o.description for o in by_rule[name].obligations)
-        assert "accumulator law update(state(x), y) = state(x ⊕ y)" in descs, name
-        # every accumulator has a merge, proved symbolically and on splits in float64
-        assert "merge law merge(state(x), state(y)) = state(x ⊕ y)" in descs, name
-        if name != "stream_partition":
-            assert "merged splits = f" in descs, name
-
-
-def test_proof_modules_are_named_by_the_rules(results):
-    for rule, r in zip(list(RULES.values()) + list(STREAMABILITY), results):
-        assert r.module == rule.proof
-    assert {r.module for r in results} == {
+def test_every_rule_names_a_proof_module():
+    from proofs import all_rules
+    assert [r.name for r in all_rules()] == [r.name for r in ALL]  # what prove_all proves
+    assert {r.proof for r in ALL} == {
         f"proofs.{m}" for m in ("group_partition", "stream_partition", "sum_contraction",
                                 "max_reduce", "logsumexp", "softmax_contraction",
                                 "normalized_contraction", "relabel_level", "recognize",
                                 "recompute", "softmax_lse", "split_stream")}
+
+
+# one test per rule, so the proofs spread over the workers
+@pytest.mark.parametrize("rule", ALL, ids=[r.name for r in ALL])
+def test_the_rule_proves_with_symbolic_and_numeric_obligations(rule):
+    r = proved(rule)
+    assert isinstance(r, ProofResult) and r.rule == rule.name and r.module == rule.proof
+    assert r.ok, r.summary()
+    kinds = {o.kind for o in r.obligations}
+    assert "numeric" in kinds, r.rule
+    assert kinds & {"symbolic", "structure"}, r.rule
+    assert r.statement, f"{r.module} has no docstring statement"
+    if r.rule in ("softmax_contraction", "logsumexp", "max", "sum_contraction",
+                  "stream_partition"):
+        descs = " ".join(o.description for o in r.obligations)
+        assert "accumulator law update(state(x), y) = state(x ⊕ y)" in descs
+        # every accumulator has a merge, proved symbolically and on splits in float64
+        assert "merge law merge(state(x), state(y)) = state(x ⊕ y)" in descs
+        if r.rule != "stream_partition":
+            assert "merged splits = f" in descs
 
 
 def test_wrong_variants_fail(wrong):
@@ -74,7 +69,7 @@ def test_wrong_variants_fail(wrong):
         assert base and all(o.ok for o in base)
 
 
-def test_wrong_recognitions_fail(wrong, results):
+def test_wrong_recognitions_fail(wrong):
     """Plausible but wrong recognition entries (the max over one axis and the sum over another;
     a logsumexp without the + m; a mean by the wrong axis's length; a softmax shifted by the
     max of another array along another axis), run through the same obligations as the real
@@ -88,7 +83,7 @@ def test_wrong_recognitions_fail(wrong, results):
         assert kinds == {"symbolic", "numeric"}, r.summary()
         assert "counterexample" in r.detail, r.summary()
     # ... while the real rule refuses those hosts, naming the premise
-    (rec,) = [r for r in results if r.rule == "recognize"]
+    rec = proved(RULES["recognize"])
     premises = [o for o in rec.obligations if o.kind == "premise"]
     assert len(premises) >= 7 and all(o.ok and o.detail.startswith("refused: ") for o in premises)
     words = " ".join(o.detail for o in premises)

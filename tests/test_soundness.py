@@ -422,7 +422,7 @@ def test_integer_wires_are_refused_by_the_stream_premise(dtype):
 
 
 # ----------------------------------------------------------------------------- property test
-@settings(max_examples=60, deadline=None, derandomize=True,
+@settings(max_examples=40, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(st.data())
 def test_random_chains_of_rule_applications_preserve_meaning(data):
