@@ -384,17 +384,23 @@ def _label(source) -> str:
 
 
 def sizes_for(diagram, given: dict, option: str = "sizes") -> dict:
-    """Every size symbol of ``diagram`` mapped to an int: ``given``, else the library
-    default.  ``option``: how the caller gives sizes, for its errors ("--size")."""
+    """Every size symbol of ``diagram`` mapped to an int: ``given``, else the size the
+    diagram knows (``napkin.from_jax`` records its arguments' sizes as ``diagram.sizes``),
+    else — for a diagram that knows none — the library default.  ``option``: how the caller
+    gives sizes, for its errors ("--size")."""
     from napkin.certify.certificate import size_symbols
     from napkin.frontend.library import DEFAULT_SIZES
     need = sorted(size_symbols(diagram))
+    known = getattr(diagram, "sizes", None)
+    # an imported function's own sizes are its defaults; a library default (4096) in their
+    # place would quietly turn, say, a 32-entry table axis into 4096 entries
+    defaults = dict(known) if isinstance(known, dict) else DEFAULT_SIZES
     out = {}
     for n in need:
         if n in given:
             out[n] = given[n]
-        elif n in DEFAULT_SIZES:
-            out[n] = DEFAULT_SIZES[n]
+        elif n in defaults:
+            out[n] = defaults[n]
         else:
             ask = f"--size {n}=N" if option == "--size" else f"{option}={{{n!r}: N}}"
             raise NapkinError(f"no size for axis {n}: give {ask}")

@@ -702,3 +702,16 @@ def test_a_named_axis_of_size_one_is_carried():
     with pytest.raises(nk.NapkinError, match="axis b has size 1 and fn treats it apart"):
         nk.from_jax(apart, S(1, 8), axes=["b d"])
     assert nk.from_jax(apart, S(3, 8), axes=["b d"]).sizes == {"b": 3, "d": 8}
+
+
+def test_an_imported_functions_own_sizes_are_its_defaults():
+    # optimize without the table axis: it keeps the 32 buckets the function was given (a
+    # library default of 4096 in its place once sized the table 128× too big, silently)
+    import outside_algorithms as oa
+    fn, structs, axes = oa.FORMS["t5_relative_bias"]
+    alg = nk.from_jax(fn, *structs, axes=axes)
+    assert alg.sizes["b"] == 32
+    opt = nk.optimize(alg, sizes={"q": 128, "x": 256, "d": 64, "h": 2}, dtype="f32")
+    assert opt.sizes == {"q": 128, "x": 256, "d": 64, "h": 2, "b": 32}
+    with pytest.raises(nk.NapkinError, match="names zz, which the algorithm does not have"):
+        nk.optimize(alg, sizes={"zz": 4})
