@@ -264,3 +264,22 @@ def test_fuzz_seeds_of_the_broadcast_product_and_the_integer_group_stay_fixed(se
     stats: dict = {}
     assert not fuzz.check_kernel(alg, programs[-1], chain, ch, stats=stats)
     assert stats.get("ran", 0) + len(stats.get("refused", [])) == 1
+
+
+def test_a_stream_over_a_masks_query_axis_skips_only_what_its_update_absorbs():
+    # causal(X)[k, q] keeps q ≥ k; a stream over the queries q, per tile of the keys k,
+    # may skip the query chunks that keep no key of the tile only where the update makes
+    # their fill vanish (a softmax, a max).  Here the fill is multiplied and summed: every
+    # chunk counts (the skipping kernel gave 0 where the meaning is ~1e30).
+    k, q, a = nk.axes("k q a")
+    D = nk.trace(lambda X: ops.contract(ops.causal_mask(X, q, k), X, out=(k,)),
+                 {"X": (k, q, a)}, "masked_products")
+    P = RULES["group_partition"].apply(D, Site((), (0, 1)), {"axis": "k"})
+    P = RULES["stream_partition"].apply(P, Site((0,), (0, 1)), {"axis": "q"})
+    kernel = lower(P, {"g_k": 1, "s_q": 1}, backend="triton", interpret=True, dtype="f32")
+    X = np.random.default_rng(3).standard_normal((3, 2, 5)).astype(np.float32)
+    with jax.enable_x64(True):
+        want = np.asarray(nk.evaluate(D)(X.astype(np.float64)))
+    assert np.abs(want[2]) > 1e29  # key 2 is kept by no query: the fill times X, summed
+    np.testing.assert_allclose(np.asarray(kernel(X)), want, rtol=1e-5)
+    assert "does not absorb" in " ".join(kernel.plan(X.shape).notes)

@@ -250,8 +250,10 @@ def loop_boxes(diagram) -> list:
 
 
 # ------------------------------------------------------------------ masks and tails
-def absorbing(update, axis: str) -> str | None:
-    """Why masked entries of the update are *not* absorbed (None when they are).
+def absorbing(update, axis: str, streamed: str = "k") -> str | None:
+    """Why masked entries of the update are *not* absorbed (None when they are), for a
+    stream over the masks' ``streamed`` axis ("k": their keys; "q": their queries, a
+    stream that skips the query chunks keeping no key of a key tile).
 
     Tags follow the mask's output: NEG (masked positions hold the fill, about
     −1e30) and ZERO (masked positions hold exactly 0: a mask filling 0, a backward's on its
@@ -266,7 +268,7 @@ def absorbing(update, axis: str) -> str | None:
     for n in g.nodes:
         spec = g.nodes[n].get("box") and g.nodes[n]["box"].spec
         if g.nodes[n]["kind"] == "op" and getattr(spec, "kind", None) == "mask" \
-                and spec.kind_ in ("causal", "window") and spec.k == axis:
+                and spec.kind_ in ("causal", "window") and getattr(spec, streamed) == axis:
             if spec.fill == 0:  # a backward's mask on a cotangent: masked entries exactly 0
                 work += [(v, "ZERO") for v in g.nodes[n]["outs"]]
                 continue
@@ -868,7 +870,7 @@ class Planner:
             return None
         axis = getattr(masks[0], other)
         masks = [m for m in masks if getattr(m, other) == axis]
-        why = absorbing(spec.update, ax)
+        why = absorbing(spec.update, ax, streamed)
         if why:
             self.notes.append(f"stream {ax}: no tile skipping ({why})")
             return None
