@@ -395,6 +395,15 @@ def sizes_for(diagram, given: dict, option: str = "sizes") -> dict:
     # an imported function's own sizes are its defaults; a library default (4096) in their
     # place would quietly turn, say, a 32-entry table axis into 4096 entries
     defaults = dict(known) if isinstance(known, dict) else DEFAULT_SIZES
+    given = dict(given)
+    for second, axis in (getattr(diagram, "aliases", None) or {}).items():
+        # an argument read twice (self-attention from one x): t_2 is t, wherever it is sized
+        if second in given and given[second] != given.get(axis, given[second]):
+            raise NapkinError(f"{option} gives {second}={given[second]} but {second} is a "
+                              f"second reading of axis {axis} ({axis}={given[axis]}): give "
+                              f"{axis} only")
+        if axis in given:
+            given[second] = given[axis]
     out = {}
     for n in need:
         if n in given:

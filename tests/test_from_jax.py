@@ -379,7 +379,6 @@ def test_a_gather_that_is_not_take_along_axis_is_refused():
 
 
 @pytest.mark.parametrize("fn,axes,match", [
-    (lambda x: x @ x.T, ["n d"], r"two dimensions of axis n \(dot_general at "),
     (lambda x: x.reshape(-1), ["q d"], r"reshape from \(q, d\) to \(d\*q,\) .* merges or "
                                        r"splits dimensions"),
     (lambda x: x * jnp.array([1.0, 2.0, 3.0, 4.0]), ["q d"], "closes over an array constant"),
@@ -715,3 +714,68 @@ def test_an_imported_functions_own_sizes_are_its_defaults():
     assert opt.sizes == {"q": 128, "x": 256, "d": 64, "h": 2, "b": 32}
     with pytest.raises(nk.NapkinError, match="names zz, which the algorithm does not have"):
         nk.optimize(alg, sizes={"zz": 4})
+
+
+# ------------------------------------------------------------ an argument read twice
+def _self_attention(x, wq, wk, wv):
+    q, k, v = x @ wq, x @ wk, x @ wv
+    return jax.nn.softmax(q @ k.T / jnp.sqrt(q.shape[-1]), axis=-1) @ v
+
+
+def _causal_self_attention(x, g, wq, wk, wv):  # pre-norm, causal, the scale as a number
+    h = x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + 1e-6) * g
+    q, k, v = h @ wq, h @ wk, h @ wv
+    s = q @ k.T * q.shape[-1] ** -0.5
+    i, j = jnp.arange(x.shape[0])[:, None], jnp.arange(x.shape[0])[None, :]
+    return jax.nn.softmax(jnp.where(i >= j, s, -jnp.inf), axis=-1) @ v
+
+
+def test_self_attention_from_one_input_reads_the_keys_as_a_second_axis(rng):
+    F = lambda *s: S(s, jnp.float32)  # noqa: E731
+    d = nk.from_jax(_self_attention, F(512, 64), *[F(64, 32)] * 3, axes=["t e"] + ["e d"] * 3)
+    assert d.arguments == (["x", "wq", "wk", "wv"], [0, 1, 2, 3, 0])
+    assert [ob.name for ob in d.dom.inside] == ["x", "wq", "wk", "wv", "x_2"]
+    assert d.sizes["t_2"] == 512 and d.aliases == {"t_2": "t"}
+    assert "softmax_t_2" in str(d)
+    opt = nk.optimize(d, sizes={"t": 1024, "e": 64, "d": 32}, dtype="f32")
+    assert opt.sizes["t_2"] == 1024  # a size for t sizes its second reading
+    assert [m.params_dict.get("axis") for m in opt.chain][-1] == "t_2"  # the keys streamed
+    with pytest.raises(nk.NapkinError, match="t_2 is a second reading of axis t"):
+        nk.optimize(d, sizes={"t": 1024, "t_2": 512})
+    k = opt.fit({"t": 37, "e": 16, "d": 8}).kernel("triton", interpret=True)
+    x = rng.standard_normal((37, 16)).astype(np.float32)
+    ws = [0.3 * rng.standard_normal((16, 8)).astype(np.float32) for _ in range(3)]
+
+    def loss(f, *a):
+        return jnp.sum(jnp.tanh(f(*a)))
+    with jax.enable_x64(True):
+        x64 = [np.float64(a) for a in (x, *ws)]
+        want, dwant = _self_attention(*x64), jax.grad(
+            lambda *a: loss(_self_attention, *a), argnums=(0, 1, 2, 3))(*x64)
+    np.testing.assert_allclose(np.asarray(k(x, *ws)), want, rtol=1e-5, atol=1e-6)
+    got = jax.grad(lambda *a: loss(k, *a), argnums=(0, 1, 2, 3))(x, *ws)
+    for g, w in zip(got, dwant):  # x's cotangent sums its two readings'
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-5)
+
+
+def test_a_causal_pre_norm_self_attention_reads_the_mask_over_both_readings(rng):
+    F = lambda *s: S(s, jnp.float32)  # noqa: E731
+    d = nk.from_jax(_causal_self_attention, F(256, 64), F(64), *[F(64, 32)] * 3,
+                    axes=["t e", "e", "e d", "e d", "e d"])
+    assert "causal" in str(d) and d.arguments[1] == [0, 1, 2, 3, 4, 0]
+    x, g = rng.standard_normal((45, 16)), rng.standard_normal(16)
+    ws = [0.3 * rng.standard_normal((16, 8)) for _ in range(3)]
+    with jax.enable_x64(True):
+        want = np.asarray(_causal_self_attention(x, g, *ws))
+        got = np.asarray(nk.evaluate(d)(*nk.frontend.jaxpr.inputs_of(d, [x, g, *ws])))
+    np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+
+
+def test_a_gram_matrix_has_two_axes_and_sizes_mode_asks_for_names(rng):
+    d = nk.from_jax(lambda x: x @ x.T, S((5, 3), jnp.float32), axes=["n d"])
+    assert [a.name for a in d.cod.inside[0].type.axes] == ["n", "n_2"]
+    x = rng.standard_normal((5, 3))
+    with jax.enable_x64(True):
+        np.testing.assert_allclose(np.asarray(nk.evaluate(d)(x, x)), x @ x.T, rtol=1e-12)
+    with pytest.raises(nk.NapkinError, match="name the arguments' axes with axes="):
+        nk.from_jax(lambda x: x @ x.T, S((5, 3), jnp.float32))

@@ -50,7 +50,8 @@ def differentiable(forward, algorithm, saving_kernel, backward_kernel):
                      for i, x in enumerate(xs))
 
     kernel.defvjp(kernel_fwd, kernel_bwd)
-    return Differentiable(forward, kernel, [ob.name for ob in algorithm.dom.inside], ins)
+    return Differentiable(forward, kernel, [ob.name for ob in algorithm.dom.inside], ins,
+                          getattr(algorithm, "arguments", None))
 
 
 def handed_back(out, xs, dtypes):
@@ -76,15 +77,24 @@ class Differentiable:
     names (``k(Q=q, K=k, V=v)``); leading axes beyond an input's own are batch axes, mapped
     in one launch (``napkin.lower.call``: (B, H, S, D) for attention's Q[q, d]).  A call
     with ``interpret=`` runs the forward kernel as it is (no derivative).  Floating inputs of
-    another dtype than the kernel's are cast in, and its results handed back in theirs."""
+    another dtype than the kernel's are cast in, and its results handed back in theirs.
+    ``arguments``: (the function's argument names, per input the argument it is) where an
+    imported function reads an argument twice (self-attention from one x: the kernel takes
+    x once and passes it as both inputs; jax.grad sums the two cotangents)."""
 
-    def __init__(self, forward, fn, names, types):
+    def __init__(self, forward, fn, names, types, arguments=None):
         self.forward, self._fn = forward, fn
         self.names, self.types = list(names), list(types)
+        self.arguments = arguments
 
     def __call__(self, *arrays, interpret=None, **by_name):
         from napkin.lower.call import bind, call_batched
-        xs = bind(self.forward.name, self.names, arrays, by_name)
+        if self.arguments is None:
+            xs = bind(self.forward.name, self.names, arrays, by_name)
+        else:
+            given, sources = self.arguments
+            got = bind(self.forward.name, given, arrays, by_name)
+            xs = [got[i] for i in sources]
         fn = self._fn if interpret is None else \
             (lambda *a: self.forward(*a, interpret=interpret))
         out = call_batched(fn, self.forward.name, self.names, self.types, xs)

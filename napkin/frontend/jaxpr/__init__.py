@@ -50,9 +50,11 @@ every pattern read back only where it provably means the same.  The modules, in 
   tiles); any other mask stays positions / compare / where, correct but not skipped.
 * **Anything else** is one line naming the primitive and the user's source line: a
   cumsum, a sort, a gather other than take_along_axis's, a take_along_axis with
-  ``mode="clip"``, a reshape that merges axes, an array with two dimensions of one axis
-  (``x @ x.T``: napkin has no primitive renaming an axis, so a self-attention takes its
-  keys' source as an argument of its own), a dtype napkin lacks (uint8, int16, ...).
+  ``mode="clip"``, a reshape that merges axes, a dtype napkin lacks (uint8, int16, ...).
+* **An argument read twice** (:mod:`.renaming`): where an axis t meets itself (``x @ x.T``,
+  self-attention from one x), the operand bringing the second dimension is read over a
+  second axis t_2 from a copy of the argument; ``diagram.arguments`` says which argument
+  each input is, ``diagram.aliases`` ``{t_2: t}``.
 
 Where they differ (napkin's primitives document each): napkin's softmax gives a row that
 keeps no entry (its maximum −∞ or below −5e29) zeros, where ``jax.nn.softmax`` gives NaN
@@ -66,12 +68,19 @@ from __future__ import annotations
 
 from napkin.frontend.jaxpr.emit import emit
 from napkin.frontend.jaxpr.graph import Graph, Uses
-from napkin.frontend.jaxpr.naming import Naming, arg_names, axis_names, struct
+from napkin.frontend.jaxpr.naming import Clash, Naming, arg_names, axis_names, struct
 from napkin.frontend.jaxpr.patterns import recognise
+from napkin.frontend.jaxpr.renaming import Renaming
 from napkin.frontend.jaxpr.tracing import dce, read_size_constants, trace
 from napkin.frontend.jaxpr.vocabulary import fail
 
-__all__ = ["from_jax"]
+__all__ = ["from_jax", "inputs_of"]
+
+
+def inputs_of(diagram, args):
+    """The diagram's inputs from ``fn``'s arguments (an argument read twice is passed twice)."""
+    arguments = getattr(diagram, "arguments", None)
+    return list(args) if arguments is None else [args[i] for i in arguments[1]]
 
 
 def from_jax(fn, *args, axes=None, name: str | None = None):
@@ -97,10 +106,18 @@ def from_jax(fn, *args, axes=None, name: str | None = None):
     names = axis_names(axes, structs, argnames)
     traced = trace(fn, structs, names, label)
     eqns = dce(traced.eqns, traced.outvars)
-    naming = Naming(traced, names, argnames)
-    naming.run(eqns)
+    twice = Renaming(traced, names, argnames)
+    while True:  # an axis that meets itself is read as a copy of its argument (renaming.py)
+        naming = Naming(traced, twice.names, twice.argnames, twice.aliases, twice.renamed)
+        try:
+            naming.run(eqns)
+            break
+        except Clash as clash:
+            eqns = twice.resolve(eqns, clash)
+    argnames = twice.argnames
     if traced.mode == "concrete":  # sizes the function read as numbers: back to symbols
-        read_size_constants(fn, structs, traced, naming.dims, {id(e) for e in eqns}, label)
+        original = lambda v: tuple(twice.aliases.get(a, a) for a in naming.dims(v))  # noqa: E731
+        read_size_constants(fn, structs, traced, original, {id(e) for e in eqns}, label)
     graph = Graph(naming, traced)
     outs = graph.build(eqns, traced.invars, traced.outvars)
     recognise(graph, outs)
@@ -114,6 +131,11 @@ def from_jax(fn, *args, axes=None, name: str | None = None):
     from napkin.certify.certificate import size_symbols
     diagram.sizes = {a: traced.stand_ins.get(a, s) for a, s in traced.sizes.items()
                      if a in size_symbols(diagram)}
+    # an argument read twice: which of fn's arguments each input is, and the second axes'
+    # originals (a size given for t is t_2's too)
+    diagram.arguments = (list(argnames[:len(structs)]), twice.sources) if twice.read_twice \
+        else None
+    diagram.aliases = {a: b for a, b in twice.aliases.items() if a in diagram.sizes}
     if traced.stand_ins:
         _same_at_the_given_sizes(fn, structs, diagram, traced.stand_ins)
     return diagram
@@ -130,7 +152,7 @@ def _same_at_the_given_sizes(fn, structs, diagram, stand_ins):
           for s in structs]
     try:
         want = fn(*xs)
-        got = evaluate(diagram, dict(diagram.sizes))(*xs)
+        got = evaluate(diagram, dict(diagram.sizes))(*inputs_of(diagram, xs))
     except Exception as e:  # noqa: BLE001
         fail(f"axis {', '.join(stand_ins)} has size 1 and fn was read at another size; at "
              f"size 1 it does not run as read ({type(e).__name__}): give it another size")

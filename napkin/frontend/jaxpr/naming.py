@@ -116,11 +116,24 @@ def axis_names(axes, structs, argnames):
 
 
 # -------------------------------------------------------------- unification
-class Naming:
-    """Axis identities of every variable's dimensions, by unification along the data flow."""
+class Clash(Exception):
+    """Axis ``axis`` meets itself at ``eqn`` (``x @ x.T``, ``i >= j`` of two aranges of one
+    length): its operand ``var`` is to be read under a second axis (renaming.py)."""
 
-    def __init__(self, traced: Traced, names, argnames):
+    def __init__(self, eqn, var, axis, why):
+        super().__init__(why)
+        self.eqn, self.var, self.axis, self.why = eqn, var, axis, why
+
+
+class Naming:
+    """Axis identities of every variable's dimensions, by unification along the data flow.
+    ``aliases``: {second axis: the axis it is a copy of} (an argument read twice)."""
+
+    def __init__(self, traced: Traced, names, argnames, aliases=None, renamed=None):
         self.t, self.names, self.argnames = traced, names, argnames
+        self.aliases = dict(aliases or {})
+        self.renamed = dict(renamed or {})  # id(eqn) -> {axis: its second axis} (copies)
+        self.vars: dict = {}                # var id -> Var
         self.parent: dict = {}
         self.label: dict = {}        # root -> (axis name, where it was named)
         self.inputs: dict = {}       # root -> [(argument, dimension)] (sizes mode)
@@ -146,6 +159,7 @@ class Naming:
             return
         la, lb = self.label.get(ra), self.label.get(rb)
         if la and lb and la[0] != lb[0]:
+            self._copy_meets_original(a, b, la[0], lb[0], eqn)
             fail(f"fn uses axes {la[0]} and {lb[0]} as one axis ({eqn.where()}); give "
                  f"them one name in axes=, or keep them apart in fn")
         self.parent[rb] = ra
@@ -153,10 +167,21 @@ class Naming:
             self.label[ra] = lb
         self.inputs.setdefault(ra, []).extend(self.inputs.pop(rb, []))
 
+    def _copy_meets_original(self, a, b, la, lb, eqn):
+        """An axis's second copy unified with the axis itself: the operand of ``eqn`` on the
+        original's side is to be read under the copy too (P[t, t₂] @ V[t, e])."""
+        for slot, mine, other in ((a, la, lb), (b, lb, la)):
+            if self.aliases.get(other) == mine:
+                var = self.vars.get(slot[0])
+                if var is not None and any(v is var for v in eqn.ins):
+                    raise Clash(eqn, var, mine, f"axes {other} and {mine}")
+
     def seed(self, k, name, where):
         r = self.find(k)
         old = self.label.get(r)
-        if old and old[0] != name:
+        if old and (old[0] == name or self.aliases.get(old[0]) == name):
+            return  # a symbolic size names both an axis and its copy
+        if old:
             fail(f"fn uses axes {old[0]} and {name} as one axis ({where})")
         self.label[r] = (name, where)
 
@@ -164,6 +189,8 @@ class Naming:
     def run(self, eqns):
         """Name every dimension of ``eqns``; refuse what napkin cannot read."""
         t = self.t
+        self.vars = {v.id: v for v in t.invars}
+        self.vars.update((o.id, o) for e in eqns for o in e.outs)
         for i, v in enumerate(t.invars):
             for j in range(len(v.shape)):
                 k = self.slot(v, j)
@@ -177,6 +204,7 @@ class Naming:
         for a in t.outvars:
             if isinstance(a, Lit) and isinstance(a.value, ArrayConstant):
                 a.value.refuse("as an output")
+        sized = []
         for e in eqns:
             for a in e.ins:
                 if isinstance(a, Lit) and isinstance(a.value, ArrayConstant):
@@ -186,10 +214,16 @@ class Naming:
                 unsupported(e)
             self._unify(e)
             if t.mode == "symbolic" and self.names is not None:
+                second = self.renamed.get(id(e), {})
                 for o in e.outs:
                     for j, d in enumerate(o.shape):
                         if isinstance(d, sympy.Symbol):
-                            self.seed((o.id, j), d.name, e.where())
+                            sized.append(((o.id, j), second.get(d.name, d.name), e.where()))
+        # a dimension of a symbolic size (jnp.arange(x.shape[0])) is that size's axis only
+        # where the data flow gave it no other: with an argument read twice, an arange of
+        # t's length may be t or its second axis t_2 (arange(t)[:, None] >= arange(t))
+        for k, name, where in sized:
+            self.seed(k, name, where)
         if self.names is None:
             self._check_sizes()
         for e in eqns:
@@ -214,11 +248,33 @@ class Naming:
         dims = [n for n in self.dims(v) if n]
         for n in dims:
             if dims.count(n) > 1:
+                second = self._second_source(v, e, n)
+                if second is not None:
+                    raise Clash(e, second, n, f"two dimensions of axis {n}")
                 fail(f"fn makes an array of shape {tuple(v.shape)} with two dimensions of "
                      f"axis {n} ({e.where()}); napkin arrays name each axis once and napkin "
                      f"has no primitive renaming an axis: pass the array the second "
                      f"dimension comes from as an argument of its own, under another axis "
                      f"name (self-attention: the keys' source, x[{n}] and again as x[m])")
+
+    def _second_source(self, v, e, n):
+        """The operand of ``e`` that brings ``v``'s later dimension of axis ``n`` — the rhs of
+        a dot_general (x @ x.T), the operand of an elementwise equation that has that
+        dimension and not the earlier one (arange(t)[:, None] >= arange(t)[None, :]) — or
+        None."""
+        full = self.dims(v)
+        first, last = full.index(n), len(full) - 1 - full[::-1].index(n)
+        if e.prim == "dot_general" and v is e.outs[0] and len(e.ins) == 2:
+            (lc, rc), (lb, _) = e.params["dimension_numbers"]
+            lhs, rhs = e.ins
+            lfree = len(lhs.shape) - len(lc) - len(lb)
+            return rhs if last >= len(lb) + lfree and isinstance(rhs, Var) else None
+        if e.prim in ELEMENTWISE:
+            for a in e.ins:
+                if isinstance(a, Var) and len(a.shape) == len(v.shape) and \
+                        not unit(a.shape[last]) and unit(a.shape[first]):
+                    return a
+        return None
 
     def _unify(self, e):
         """Join the slots equation ``e`` says are one axis."""
