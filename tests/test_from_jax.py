@@ -370,12 +370,21 @@ def test_an_unsupported_primitive_is_named_with_the_users_line(fn, prim):
     assert "has no napkin primitive; supported:" in _one_line(e)
 
 
-def test_a_gather_that_is_not_take_along_axis_is_refused():
-    with pytest.raises(nk.NapkinError, match="primitive gather .* reads only "
-                                             "jnp.take_along_axis's gather") as e:
-        nk.from_jax(lambda emb, ids: emb[ids], f32(8, 4), S((5,), jnp.int32),
-                    axes=["v d", "n"])
+def test_an_index_with_a_slice_is_refused_in_one_line():
+    with pytest.raises(nk.NapkinError, match="primitive concatenate .* has no napkin "
+                                             "primitive; supported") as e:  # x[i, :2]
+        nk.from_jax(lambda x, i: x[i, :2], f32(8, 4), S((5,), jnp.int32), axes=["v d", "n"])
     _one_line(e)
+
+
+def test_an_embedding_lookup_is_a_take_with_the_index_axis(rng):
+    d = nk.from_jax(lambda emb, ids: emb[ids], f32(8, 4), S((5,), jnp.int32),
+                    axes=["v d", "n"])
+    emb, ids = rng.standard_normal((8, 4)), np.array([3, 0, 7, 3, 1], np.int32)
+    with jax.enable_x64(True):
+        got = np.asarray(nk.evaluate(d)(emb, ids))
+    assert d.cod.inside[0].type.names == ("n", "d")
+    np.testing.assert_array_equal(got, emb[ids])
 
 
 @pytest.mark.parametrize("fn,axes,match", [
@@ -779,3 +788,63 @@ def test_a_gram_matrix_has_two_axes_and_sizes_mode_asks_for_names(rng):
         np.testing.assert_allclose(np.asarray(nk.evaluate(d)(x, x)), x @ x.T, rtol=1e-12)
     with pytest.raises(nk.NapkinError, match="name the arguments' axes with axes="):
         nk.from_jax(lambda x: x @ x.T, S((5, 3), jnp.float32))
+
+
+# ------------------------------------------------------------ a table read at an index
+def _t5_indexed(q, k, v, table):  # table[h, b]: a bias per head and bucket of j − i
+    s = jnp.einsum("hqd,hxd->hqx", q, k)
+    i, j = jnp.arange(q.shape[1])[:, None], jnp.arange(k.shape[1])[None, :]
+    return jnp.einsum("hqx,hxd->hqd", jax.nn.softmax(s + table[:, jnp.clip(j - i + 16, 0, 31)],
+                                                     axis=-1), v)
+
+
+def test_a_table_indexed_by_a_computed_bucket_is_a_take_with_new_axes(rng):
+    F = lambda *s: S(s, jnp.float32)  # noqa: E731
+    d = nk.from_jax(_t5_indexed, F(2, 256, 32), F(2, 512, 32), F(2, 512, 32), F(2, 32),
+                    axes=["h q d", "h x d", "h x d", "h b"])
+    (take,) = [b for b in d.boxes if b.name == "take_b"]
+    assert set(take.cod.inside[0].type.names) == {"h", "q", "x"}  # q, x: the index's axes
+    opt = nk.optimize(d, dtype="f32")
+    assert "stream_partition" in [m.rule for m in opt.chain]
+    k = opt.fit({"h": 2, "q": 37, "x": 53, "d": 16, "b": 32}).kernel("triton", interpret=True)
+    xs = [rng.standard_normal(s).astype(np.float32)
+          for s in ((2, 37, 16), (2, 53, 16), (2, 53, 16), (2, 32))]
+    with jax.enable_x64(True):
+        x64 = [np.float64(x) for x in xs]
+        want = _t5_indexed(*x64)
+        dwant = jax.grad(lambda *a: jnp.sum(jnp.tanh(_t5_indexed(*a))), argnums=(0, 1, 2, 3))(*x64)
+    np.testing.assert_allclose(np.asarray(k(*xs)), want, rtol=1e-5, atol=1e-6)
+    got = jax.grad(lambda *a: jnp.sum(jnp.tanh(k(*a))), argnums=(0, 1, 2, 3))(*xs)
+    for g, w in zip(got, dwant):  # the table's cotangent: a scatter, summed over q and x
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-5)
+
+
+def test_a_slice_of_a_named_axis_says_what_to_write():
+    def rotate_half(x):
+        return jnp.concatenate([-x[..., x.shape[-1] // 2:], x[..., : x.shape[-1] // 2]], -1)
+    with pytest.raises(nk.NapkinError) as e:
+        nk.from_jax(lambda x, c, s: x * c + rotate_half(x) * s, *[S((8, 16), jnp.float32)] * 3,
+                    axes=["q d"] * 3)
+    msg = str(e.value)
+    assert "\n" not in msg and "test_from_jax.py:" in msg
+    assert "a slice x[..., :n] of a named axis" in msg and "x @ R" in msg
+    with pytest.raises(nk.NapkinError, match=r"primitive slice .* x @ R"):  # at fixed sizes
+        nk.from_jax(lambda x: x[:, :8] * x.shape[1] ** -0.5, S((8, 16), jnp.float32),
+                    axes=["q d"])
+
+
+
+def test_repeats_and_head_splits_say_what_to_write():
+    def gqa_repeat(q, k):  # q[h, q, d], k[g, x, d]
+        k = jnp.repeat(k, q.shape[0] // k.shape[0], axis=0)
+        return jnp.einsum("hqd,hxd->hqx", q, k)
+
+    def heads(x, w):  # x[s, e] @ w[e, h·d], then split into heads
+        return (x @ w).reshape(x.shape[0], 4, -1).sum(-1)
+    with pytest.raises(nk.NapkinError, match=r"reshape .* jnp.repeat / jnp.tile .* "
+                                             r"q\[g, r, q, d\]") as e:
+        nk.from_jax(gqa_repeat, f32(8, 4, 16), f32(2, 6, 16), axes=["h q d", "g x d"])
+    _one_line(e)
+    with pytest.raises(nk.NapkinError, match=r"reshape .* a head split: .* w\[e, h, d\]") as e:
+        nk.from_jax(heads, f32(5, 6), f32(6, 8), axes=["s e", "e n"])
+    _one_line(e)

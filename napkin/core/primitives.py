@@ -1049,8 +1049,10 @@ class Positions(Spec):
 @dataclass(frozen=True)
 class TakeAlong(Spec):
     """``take_along_axis``: out[…] = x[…, index[…], …] — x (input 0) without ``axis``, at the
-    position an integer ``index`` (input 1; its axes a subset of x's others, broadcast)
-    names.  Meaning: Σ over ``axis`` of x where the GLOBAL position equals the index, else
+    position an integer ``index`` (input 1) names.  The index's axes are any but ``axis``:
+    those x has are matched entry by entry, those it lacks are new axes of the result
+    (``table[:, bucket]``, a T5 bias: table[h, b], bucket[q, x] -> [h, q, x]), after x's.
+    Meaning: Σ over ``axis`` of x where the GLOBAL position equals the index, else
     0 — exact, streamable with the sum accumulator (a chunk contributes only where the
     index falls in it, the chunk's offset added as for masks), 0 its neutral element, and
     written in a kernel without a gather (a compare, a select, a sum).  An index outside
@@ -1078,30 +1080,29 @@ class TakeAlong(Spec):
         if index.dtype not in INTEGER:
             raise NapkinError(f"take_along_axis: the index {index} has dtype {index.dtype}; an "
                               f"index is an integer array ({' or '.join(INTEGER)})")
-        stray = stray_axis(index, x, self.axis)
-        if stray == self.axis:
+        if index.has(self.axis):
             raise NapkinError(f"take_along_axis: the index {index} has axis {self.axis}, the "
-                              f"axis it takes along (its axes are {x}'s others, or some of "
-                              f"them)")
-        if stray:
-            raise NapkinError(f"take_along_axis: the index {index} has axis {stray}, which "
-                              f"the array {x} lacks")
-        merge_axes(ins, "take_along_axis")
-        return (x.without(self.axis),)
+                              f"axis it takes along (its axes are any others)")
+        axes = merge_axes(ins, "take_along_axis")
+        extra = tuple(axes[n] for n in index.names if not x.has(n))
+        rest = x.without(self.axis)
+        return (ArrayType(rest.axes + extra, x.dtype),)
 
     def evaluate(self, ctx, ins, outs, x, index):
         xp, names = ctx.xp, ins[0].names
+        full = names + tuple(n for n in ins[1].names if n not in names)
         i = names.index(self.axis)
         pos = xp.arange(x.shape[i])
         start = ctx.offsets.get(self.axis, 0)
         if not (isinstance(start, int) and start == 0):
             pos = pos + start
-        pos = align(xp, pos, (self.axis,), names)
-        hit = xp.equal(pos, align(xp, index, ins[1].names, names))
-        return (xp.sum(xp.where(hit, x, xp.const(0, x)), i),)
+        pos = align(xp, pos, (self.axis,), full)
+        hit = xp.equal(pos, align(xp, index, ins[1].names, full))
+        return (xp.sum(xp.where(hit, align(xp, x, names, full), xp.const(0, x)), i),)
 
     def flops(self, ins, outs):
-        return ins[0].numel  # a compare-select and an add per entry
+        # a compare-select and an add per entry of x, per entry of the index's new axes
+        return outs[0].numel * ins[0].axis(self.axis).size
 
     def vjp(self, ad, ins, outs, xs, y, ct):
         # a scatter as a select: ct lands where the position equals the index

@@ -11,7 +11,7 @@ from napkin.frontend.jaxpr.naming import Naming
 from napkin.frontend.jaxpr.tracing import Lit, Traced, Var
 from napkin.frontend.jaxpr.vocabulary import (BINARY, COMPARE, FLOAT, IDENTITY, LOGIC, REDUCE, UNARY,
                                      WIRING, fail, gather_mode, napkin_dtype, take_along,
-                                     unit_pick, unsupported)
+                                     take_at, unit_pick, unsupported)
 from napkin.core.primitives import Compare
 
 
@@ -360,6 +360,8 @@ class Graph:
         range (the documented difference); a clamping one has no napkin primitive."""
         x, idx = vals
         mode, j = gather_mode(e), take_along(e)
+        if j is None and not unit_pick(e):  # x[:, index]: the index's axes are new ones
+            j = take_at(e)
         if unit_pick(e) or self.naming.dims(e.ins[0])[j] is None:
             return self._pick_unit(x, idx, e, mode, dt, src)
         if not isinstance(x, A) or not isinstance(idx, A):
@@ -371,8 +373,9 @@ class Graph:
             if mode != "promise":
                 unsupported(e, f"take_along_axis along {a}, of an array broadcast along it,")
             return A(x.node, ())
+        rest = tuple(m for m in x.node.axes if m != a)
         n = self.node("take", [x.node, idx.node], {"axis": a},
-                      tuple(m for m in x.node.axes if m != a), dt, src)
+                      rest + tuple(m for m in idx.node.axes if m not in rest), dt, src)
         return A(n, ())
 
     def _pick_unit(self, x, idx, e, mode, dt, src):

@@ -11,8 +11,8 @@ import sympy
 
 from napkin.core.arrays import Axis
 from napkin.frontend.jaxpr.tracing import ArrayConstant, Lit, Traced, Var
-from napkin.frontend.jaxpr.vocabulary import (ELEMENTWISE, KNOWN, REDUCE, fail, take_along, unit,
-                                     unit_pick, unsupported)
+from napkin.frontend.jaxpr.vocabulary import (ELEMENTWISE, KNOWN, REDUCE, fail, take_along, take_at,
+                                     unit, unit_pick, unsupported)
 
 
 # -------------------------------------------------------------- the arguments and axes=
@@ -210,7 +210,7 @@ class Naming:
                 if isinstance(a, Lit) and isinstance(a.value, ArrayConstant):
                     a.value.refuse(e.where())
             if e.prim not in KNOWN or (e.prim == "gather" and not unit_pick(e)
-                                        and take_along(e) is None):
+                                        and take_along(e) is None and take_at(e) is None):
                 unsupported(e)
             self._unify(e)
             if t.mode == "symbolic" and self.names is not None:
@@ -298,7 +298,7 @@ class Naming:
             if [a.shape[j] for j in ka] != [o.shape[j] for j in ko]:
                 fail(f"{p} from {tuple(a.shape)} to {tuple(o.shape)} ({e.src}) merges or "
                      f"splits dimensions; napkin arrays have named axes: keep each axis "
-                     f"its own dimension (a head axis, say)")
+                     f"its own dimension — {_reshape_advice(a, o)}")
             for j, k in zip(ka, ko):
                 u(s(a, j), s(o, k), e)
         elif p == "transpose" and vs:
@@ -328,6 +328,15 @@ class Naming:
                     e.params["dimension_numbers"].collapsed_slice_dims]
             for k, j in enumerate(kept):
                 u(s(x, j), s(o, k), e)
+        elif p == "gather" and len(vs) == 2 and take_along(e) is None and take_at(e) is not None:
+            x, idx, o = ins[0], ins[1], outs[0]
+            dn = e.params["dimension_numbers"]
+            kept = [j for j in range(len(x.shape)) if j != take_at(e)]
+            for j, k in zip(kept, dn.offset_dims):
+                u(s(x, j), s(o, k), e)
+            rest = [k for k in range(len(o.shape)) if k not in dn.offset_dims]
+            for j, k in zip(range(len(idx.shape) - 1), rest):
+                u(s(idx, j), s(o, k), e)
         elif p == "gather" and len(vs) == 2 and take_along(e) is not None:
             x, idx, o = ins[0], ins[1], outs[0]
             dn = e.params["dimension_numbers"]
@@ -371,3 +380,18 @@ class Naming:
         if v.id not in self._dims:
             self._dims[v.id] = tuple(self.name(v, j) for j in range(len(v.shape)))
         return self._dims[v.id]
+
+
+def _reshape_advice(a, o) -> str:
+    """What to write instead of a reshape that merges or splits dimensions."""
+    made = a.eqn
+    if len(o.shape) < len(a.shape) and made is not None and made.prim == "broadcast_in_dim" \
+            and len(made.outs[0].shape) > len(made.ins[0].shape):
+        return ("this is jnp.repeat / jnp.tile (a broadcast, then a merge): give the "
+                "grouped operand its group axis and the other its groups as two axes, e.g. "
+                "q[g, r, q, d] against k[g, x, d], jnp.einsum('grqd,gxd->grqx', q, k), "
+                "and reshape q outside fn")
+    if len(o.shape) > len(a.shape):
+        return ("a head split: give the weights a head axis, w[e, h, d], and project with "
+                "jnp.einsum('se,ehd->shd', x, w) (reshape the weights outside fn)")
+    return "return the array with its axes apart and merge them outside fn"

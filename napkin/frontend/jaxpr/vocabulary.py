@@ -33,7 +33,8 @@ SUPPORTED = ("jit/pjit, custom_jvp_call, custom_vjp_call (inlined)", "dot_genera
              "add sub mul div max min clamp", "lt le gt ge eq ne and or not", "select_n",
              "reduce_sum reduce_max reduce_min", "broadcast_in_dim reshape expand_dims "
              "squeeze transpose (unit dimensions only)", "convert_element_type",
-             "stop_gradient", "iota", "gather (take_along_axis)", "erf (inside gelu)")
+             "stop_gradient", "iota", "gather (take_along_axis; x[:, index] along one axis)",
+             "erf (inside gelu)")
 
 # numpy dtype names -> napkin's.  int64 (jax with x64) is read as napkin's int32: exact while
 # its values fit in 32 bits.  Unsigned and 16-bit integers wrap around differently from int32:
@@ -64,11 +65,21 @@ def rounded(value, dtype: str) -> float:
     return float(np.asarray(float(value), dtype=jnp.dtype(NUMPY[dtype])))
 
 
+# what to write instead of a slice, a concatenation, a reversal of a named axis
+RANGES = ("a slice x[..., :n] of a named axis has none: napkin arrays have named axes, not "
+          "ranges — pass the pieces as arguments of their own, or write a rotation such as "
+          "RoPE's rotate-half as a product with a constant matrix argument, x @ R")
+SLICING = {"slice", "dynamic_slice", "concatenate", "pad", "rev", "split"}
+
+
 def unsupported(e, what=None):
     hint = ""
     if e.prim == "gather":
         hint = (" (napkin reads only jnp.take_along_axis's gather, one index per position of "
-                "the other axes along one axis, and indexing of a dimension of size 1)")
+                "the other axes along one axis, x[:, index] with one integer index array "
+                f"along one axis, and indexing of a dimension of size 1; {RANGES})")
+    elif e.prim in SLICING and np.issubdtype(np.dtype(e.outs[0].dtype), np.floating):
+        hint = f" ({RANGES})"  # (an integer concatenation is JAX building a gather's index)
     fail(f"{what or 'primitive ' + e.prim} ({e.at()}) has no napkin primitive{hint}; "
          f"supported: {'; '.join(SUPPORTED)}")
 
@@ -117,6 +128,26 @@ def take_along(e):
               and sorted((*dn.operand_batching_dims, axis)) == list(range(r))
               and all(unit(n) for n in ss) and len(idx.shape) == r + 1 and unit(idx.shape[-1])
               and sorted(dn.start_indices_batching_dims) == list(range(r - 1)))
+    except (KeyError, ValueError, TypeError, AttributeError):
+        return None
+    return axis if ok else None
+
+
+def take_at(e):
+    """The axis of a gather of one integer index array along one axis, every other
+    dimension whole (``table[:, bucket]``: out = the kept dimensions at ``offset_dims``, the
+    index's at the others), else None."""
+    try:
+        dn, ss = e.params["dimension_numbers"], e.params["slice_sizes"]
+        x, idx, o = e.ins[0], e.ins[1], e.outs[0]
+        r = len(x.shape)
+        (axis,) = dn.collapsed_slice_dims
+        kept = [j for j in range(r) if j != axis]
+        ok = (tuple(dn.start_index_map) == (axis,) and not tuple(dn.operand_batching_dims)
+              and not tuple(dn.start_indices_batching_dims) and unit(ss[axis])
+              and all(ss[j] == x.shape[j] for j in kept) and len(idx.shape) >= 1
+              and unit(idx.shape[-1]) and len(dn.offset_dims) == len(kept)
+              and len(o.shape) == len(kept) + len(idx.shape) - 1)
     except (KeyError, ValueError, TypeError, AttributeError):
         return None
     return axis if ok else None
