@@ -4,10 +4,14 @@ model (napkin.cost.launch): shared memory per block, registers, spills, tensor c
 
     python benchmarks/cpu_proofs.py [--hardware h100 h200] [--dtype bf16]
     python benchmarks/cpu_proofs.py --backward --names attention gqa   # the backward's kernels
+    python benchmarks/cpu_proofs.py --names attention mha --size q=16 x=131072 --hardware h200
+                                                    # decoding shapes: the split-K kernels
 
 Prints one table per profile (ratios allocated / modelled); a line per kernel the lowering
 or Triton refuses, with the reason.  ``--backward``: the kernels of each algorithm's backward
 programs (one per input's cotangent, ``Optimized.backward``), rows named ``name dX``.
+``--size axis=N``: search at these sizes (the rest the library defaults) — decoding shapes,
+where the search splits the keys (split-K: a kernel of parts, then a merge kernel).
 """
 from __future__ import annotations
 
@@ -26,14 +30,19 @@ def main() -> None:
     ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--names", nargs="+", default=list(LIBRARY))
     ap.add_argument("--backward", action="store_true", help="the backward programs' kernels")
+    ap.add_argument("--size", nargs="+", default=[], metavar="AXIS=N",
+                    help="sizes to search at (others: the library defaults)")
     args = ap.parse_args()
+    sizes = {k: int(v) for k, v in (item.split("=") for item in args.size)}
     warnings.simplefilter("ignore")
     head = (f"{'kernel':<26} {'tiles':<30} {'warps':>5} {'stg':>3} {'smem model':>10} "
             f"{'smem triton':>11} {'ratio':>5} {'regs model':>10} {'regs ptxas':>10} "
             f"{'spills':>6} {'dots':>4} {'wgmma':>5} {'search s':>8} {'compile s':>9}")
     for hw in args.hardware:
-        print(f"\n{hw}, {args.dtype}, default sizes (napkin.frontend.library.DEFAULT_SIZES)\n{head}")
-        for name, opt, t0 in _programs(args.names, hw, args.dtype, args.backward):
+        shown = ", ".join(f"{k}={v}" for k, v in sizes.items()) or "default sizes"
+        print(f"\n{hw}, {args.dtype}, {shown} (others: napkin.frontend.library.DEFAULT_SIZES)"
+              f"\n{head}")
+        for name, opt, t0 in _programs(args.names, hw, args.dtype, args.backward, sizes):
             try:
                 shapes = [tuple(opt.sizes[a.name] for a in ob.type.axes)
                           for ob in opt.algorithm.dom.inside]
@@ -44,22 +53,26 @@ def main() -> None:
             except Exception as e:  # noqa: BLE001 - a row saying why
                 print(f"{name:<26} refused: {str(e).splitlines()[0][:150]}")
                 continue
-            for m, k in zip(launches, compiled):
+            split = " split" if opt.chain and opt.chain[-1].rule == "split_stream" else ""
+            for j, (m, k) in enumerate(zip(launches, compiled)):
                 tiles = ",".join(f"{t}={v}" for t, v in opt.tiles.items())
+                row = f"{name}{split}" + (f" #{j}" if len(compiled) > 1 else "")
                 ratio = k.shared / m["smem_bytes"] if m["smem_bytes"] else float("nan")
-                print(f"{name:<26} {tiles:<30} {m['num_warps']:>5} {m['num_stages']:>3} "
+                print(f"{row:<26} {tiles:<30} {m['num_warps']:>5} {m['num_stages']:>3} "
                       f"{m['smem_bytes']:>10,} {k.shared:>11,} {ratio:>5.2f} "
                       f"{m['registers_per_thread']:>10} {k.registers:>10} {k.spills:>6} "
                       f"{k.dots - k.fma_dots}/{k.dots:<2} {'yes' if 'wgmma' in k.ptx else 'no':>5} "
                       f"{t1 - t0:>8.1f} {t2 - t1:>9.1f}")
 
 
-def _programs(names, hw, dtype, backward):
+def _programs(names, hw, dtype, backward, sizes):
     """(row name, Optimized, start time) per program: the forward's, or each cotangent's."""
+    from napkin.certify.certificate import size_symbols
     for name in names:
         t0 = time.perf_counter()
         try:
-            opt = optimize(name, hw, None, dtype)
+            axes = {str(a) for a in size_symbols(LIBRARY[name].diagram())}
+            opt = optimize(name, hw, {k: v for k, v in sizes.items() if k in axes}, dtype)
             pieces = [(f"{name} " + ",".join("d" + n for n in w), o)
                       for w, o in opt.backward.pieces] if backward \
                 else [(name, opt)]

@@ -16,12 +16,12 @@ from collections.abc import Mapping
 
 import sympy
 
-from napkin.core.arrays import canonical_dtype
+from napkin.core.arrays import array_types, canonical_dtype
 from napkin.core.errors import NapkinError
 from napkin.hardware import DTYPE_BYTES, Hardware, get_hardware, resolve_level
 from napkin.core.ir import ops as op_order, view
 from napkin.core.memo import IdentityMemo
-from napkin.core.primitives import matmul_axes, merge_axes, rows_from_second
+from napkin.core.primitives import FLOATING, matmul_axes, merge_axes, rows_from_second
 from napkin.schedule.nest import (
     ONE, ZERO, Assign, Buffer, ContractionRecord, Loop, Move, Schedule, Step, TileInfo, nonneg,
 )
@@ -160,6 +160,31 @@ class _Builder:
                     and a.size != 1:
                 return True
         return False
+
+    def _product_registers(self, box):
+        """The values a contraction holds while a kernel writes it as multiply-and-sum —
+        a broadcast product over all its axes, in f32 registers, then a sum — where a side
+        of it is below the smallest dot (``dot_min``: a decoding query's one row, four
+        grouped heads) or it carries a batch axis; None for a tensor-core dot (its operands
+        are staged and counted as chunks) or another box.  At q = 1, x chunks of 128 and
+        d = 128, GQA's four heads hold 4·128·128 values per block: 512 registers a thread,
+        which ptxas spills (benchmarks/cpu_proofs.py)."""
+        spec, ins = box.spec, array_types(box.dom)
+        if getattr(spec, "kind", None) != "contract" or len(ins) != 2 \
+                or not all(self.dt(o) in FLOATING for o in box.dom.inside):
+            return None
+        out = set(spec.out)
+        a, b = ({x.name for x in t.axes} for t in ins)
+        size = merge_axes(ins, "contract")
+        prod = lambda names: sympy.Mul(*(size[n].size for n in names))  # noqa: E731
+        m, n, k = prod(a - b), prod(b - a), prod((a & b) - out)
+        batch = prod((a & b) & out)
+        if not (a & b) - out:
+            return None  # an outer product: elementwise, no transient beyond its output
+        least = self.mma.get("dot_min", 1)
+        return sympy.Piecewise((m * n * k * batch, sympy.Or(sympy.Lt(sympy.Min(m, n, k), least),
+                                                            sympy.Gt(batch, 1))),
+                               (0, True))
 
     def _contraction(self, box, ins, outs, R):
         """Record a contraction for the lower bounds, and the tensor-core multiples its
@@ -431,6 +456,9 @@ class _Builder:
                     ensure(v, i)
                 args = tuple(fused_step.get(v) or ref[v] for v in node["ins"])
                 step = Step(box, args, [], self.flops(box, R))
+                product = self._product_registers(box)
+                if product is not None:  # a contraction written as multiply-and-sum
+                    loop.holds.append((product, 4 * product, i, i, False))
                 reused, stores = set(), []
                 for v in node["outs"]:
                     home[v] = L
