@@ -107,3 +107,16 @@ def test_a_split_inside_nested_groups_is_checked_and_runs():
         want = np.asarray(alg.reference(*[x.astype(jnp.float64) for x in xs]))
     got = np.asarray(k(*xs), np.float64)
     assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+
+
+def test_a_multiply_and_sum_contraction_holds_its_product_in_registers():
+    # GQA decoding at q = 1: four grouped heads against a chunk of keys is below the smallest
+    # dot, so the kernel writes it as a broadcast product and a sum; the product's values are
+    # registers the launch model must count (before, it counted none and chose 128-key
+    # chunks that ptxas spilled 48,892 bytes of)
+    opt = napkin.optimize("gqa", "h200", {"q": 1, "x": 65536}, "bf16")
+    s_x, d, r = opt.tiles["s_x"], opt.sizes["d"], opt.sizes["r"]
+    parts = opt.search.best.tiles.launch[0]
+    threads = 32 * parts["num_warps"]
+    assert parts["registers_per_thread"] >= r * s_x * d / threads
+    assert parts["registers_per_thread"] <= 255 and s_x <= 32

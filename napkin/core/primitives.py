@@ -158,11 +158,12 @@ class Spec:
         does not reduce the axis, or no padding value would do)."""
         return None
 
-    def absorbs(self, tag: str, port: int, ins, axis: str) -> str | None:
+    def absorbs(self, tag: str, port: int, ins, axis: str, key: str | None = None) -> str | None:
         """What a masked entry becomes after this box, read on input ``port``: "NEG" (about
         the mask's fill, a huge negative), "ZERO" (exactly 0), "ABSORBED" (reduced away
         without a trace), or None (it leaks: skipping masked chunks would change the
-        result)."""
+        result).  ``axis``: the streamed axis; ``key``: the masks' key axis (``axis`` itself
+        for a stream over the keys; for one over the queries, the other axis of the masks)."""
         return None
 
     def infer(self, ins: tuple[ArrayType, ...]) -> tuple[ArrayType, ...]:
@@ -265,7 +266,7 @@ class Contract(Spec):
     def neutral(self, axis):
         return None if axis in self.out else 0.0
 
-    def absorbs(self, tag, port, ins, axis):
+    def absorbs(self, tag, port, ins, axis, key=None):
         if tag != "ZERO":
             return None
         return "ABSORBED" if axis not in self.out else "ZERO"
@@ -380,7 +381,7 @@ class Map(Spec):
     def transcendental(self):
         return self.fn in TRANSCENDENTAL
 
-    def absorbs(self, tag, port, ins, axis):
+    def absorbs(self, tag, port, ins, axis, key=None):
         if self.fn == "id" or (self.fn == "scale" and sympy.sympify(self.param).is_positive):
             return tag
         if self.fn == "min_const" and tag == "NEG":
@@ -496,11 +497,12 @@ class Zip(Spec):
     def infix(self):
         return {"add": ("+", 1), "sub": ("-", 1), "mul": ("*", 2), "div": ("/", 2)}.get(self.fn)
 
-    def absorbs(self, tag, port, ins, axis):
+    def absorbs(self, tag, port, ins, axis, key=None):
         other = ins[1 - port]
-        if tag == "NEG" and not other.has(axis) and \
+        # shifted by a value no mask over (·, key) can have masked: a per-row statistic
+        if tag == "NEG" and not other.has(key or axis) and \
                 ((self.fn in ("sub", "add") and port == 0) or (self.fn == "add" and port == 1)):
-            return "NEG"  # shifted by a value constant along the axis: still about the fill
+            return "NEG"  # shifted by a value constant along the keys: still about the fill
         if tag == "ZERO" and (self.fn == "mul" or (self.fn == "guard" and port == 0)):
             return "ZERO"  # 0·y = 0; guard(0, m) is 0 either way
         return None
@@ -562,7 +564,7 @@ class Reduce(Spec):
         return {"sum": 0.0, "mean": 0.0, "max": float("-inf"),
                 "logsumexp": float("-inf")}.get(self.fn)
 
-    def absorbs(self, tag, port, ins, axis):
+    def absorbs(self, tag, port, ins, axis, key=None):
         if self.axis == axis and ((tag == "NEG" and self.fn in ("max", "logsumexp"))
                                   or (tag == "ZERO" and self.fn == "sum")):
             return "ABSORBED"
@@ -734,7 +736,7 @@ class Mask(Spec):
     elementwise = True
     colour = "#f5d3d3"
 
-    def absorbs(self, tag, port, ins, axis):
+    def absorbs(self, tag, port, ins, axis, key=None):
         if port == 0 and tag == "NEG":
             return "NEG"
         if port == 0 and tag == "ZERO" and self.fill == 0:
@@ -796,7 +798,7 @@ class Cast(Spec):
     elementwise = True
     colour = "#dcefd2"
 
-    def absorbs(self, tag, port, ins, axis):
+    def absorbs(self, tag, port, ins, axis, key=None):
         return tag
 
     def __post_init__(self):
@@ -1065,7 +1067,7 @@ class TakeAlong(Spec):
     def neutral(self, axis):
         return 0.0 if axis == self.axis else None
 
-    def absorbs(self, tag, port, ins, axis):
+    def absorbs(self, tag, port, ins, axis, key=None):
         if port != 0:
             return None
         if axis == self.axis:

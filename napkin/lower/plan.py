@@ -264,7 +264,7 @@ def absorbing(update, axis: str, streamed: str = "k") -> str | None:
     declares its own part (``absorbs``).
     """
     g = to_graph(update)
-    work = []
+    work, keys = [], set()
     for n in g.nodes:
         spec = g.nodes[n].get("box") and g.nodes[n]["box"].spec
         if g.nodes[n]["kind"] == "op" and getattr(spec, "kind", None) == "mask" \
@@ -275,10 +275,13 @@ def absorbing(update, axis: str, streamed: str = "k") -> str | None:
             if spec.fill > -1e4:
                 return f"mask fill {spec.fill} is neither a large negative nor 0"
             work += [(v, "NEG") for v in g.nodes[n]["outs"]]
-    return _leak(g, work, axis)
+            keys.add(spec.k)
+    if len(keys) > 1:
+        return f"masks over the {streamed} axis {axis} with different key axes"
+    return _leak(g, work, axis, next(iter(keys), axis))
 
 
-def _leak(g, work: list, axis: str) -> str | None:
+def _leak(g, work: list, axis: str, key: str | None = None) -> str | None:
     """Why the masked entries ``work`` ((value, tag) pairs) reach the update's result (None
     when every one is absorbed: see :func:`absorbing`)."""
     out_values = set(g.graph["outputs"])
@@ -293,7 +296,7 @@ def _leak(g, work: list, axis: str) -> str | None:
         for n in g.successors(v):
             node = g.nodes[n]
             ins = [g.nodes[u]["ob"].type for u in node["ins"]]
-            new = node["box"].spec.absorbs(tag, node["ins"].index(v), ins, axis)
+            new = node["box"].spec.absorbs(tag, node["ins"].index(v), ins, axis, key)
             if new is None:
                 return f"{node['box'].name} does not absorb masked entries"
             if new != "ABSORBED":

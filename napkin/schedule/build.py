@@ -458,7 +458,8 @@ class _Builder:
                 step = Step(box, args, [], self.flops(box, R))
                 product = self._product_registers(box)
                 if product is not None:  # a contraction written as multiply-and-sum
-                    loop.holds.append((product, 4 * product, i, i, False))
+                    # registers only: no level's memory (the paper's model) holds it
+                    loop.holds.append((product, 4 * product, i, i, "registers"))
                 reused, stores = set(), []
                 for v in node["outs"]:
                     home[v] = L

@@ -214,7 +214,9 @@ class Loop:
             for _, child in self.children:
                 merge_peaks(out, child.peaks(part))
             return out
-        keep = {"all": (True, False), "staged": (True,), "held": (False,)}[part]
+        # a hold's last field: True staged, False held, "registers" a transient a kernel
+        # keeps in registers only (a multiply-and-sum's broadcast product)
+        keep = {"all": (True, False), "staged": (True,), "held": (False, "registers")}[part]
         at_step: dict = {}
         deeper: dict = {}
         for step, child in self.children:
