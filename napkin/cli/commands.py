@@ -827,7 +827,8 @@ def state_demo_algorithm(files, out: Path) -> tuple[dict, object]:
 
 def _demo_in(args, hardware, files, out) -> int:
     import time
-    from napkin.views.drawing import draw, draw_side_by_side
+    from napkin.views.drawing import draw
+    from napkin.views.drawing_streamed import draw_before_after
     from napkin.frontend.library import get
     from napkin.pipeline import optimize
     t0 = time.perf_counter()
@@ -854,8 +855,11 @@ def _demo_in(args, hardware, files, out) -> int:
     files.write(cert_path, lambda: opt.certificate.save(cert_path))
     rep = opt.check()
     print(f"   certificate {cert_path}: {rep}")
+    # the streamed side opened up: the group's frame, the stream's init / update / finalize
+    # with its state wires, each wire coloured by the memory level its array lives in
     files.write(out / "before_after.png",
-                lambda: draw_side_by_side(diagram, opt.program, out / "before_after.png",
+                lambda: draw_before_after(diagram, opt.program, out / "before_after.png",
+                                          hardware=hardware, tiles=opt.tiles,
                                           titles=("attention", "streamed program")))
     print(f"4. drawn: {out / 'attention.png'}, {out / 'before_after.png'}")
     run = opt.fit(DEMO_RUN_SIZES)
