@@ -275,3 +275,25 @@ def test_a_row_statistic_does_not_bind_the_tile():
     # a 2-D output whose last axis is the tile's still asks for 128-byte runs
     mm = cost(program("matmul", MATMUL), "h100", "bf16")
     assert dict(mm.tiles[g_c].multiples)["coalesce 128B"] == 64
+
+
+def test_the_plots_tile_panel_is_about_the_chosen_tiles(tmp_path, monkeypatch):
+    # the right panel once drew the s_x curve at the transfer optimum (g_q = 256) while the
+    # table chose g_q = 64, called every point of it "exceeds capacity", and marked no choice
+    import matplotlib.figure
+    from napkin.cost.optimize import Grid
+    figs = []
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig",
+                        lambda self, *a, **k: figs.append(self))
+    sizes = {"q": 4096, "x": 4096, "d": 128}
+    prog = program("attention", ATTENTION)
+    plot_cost(prog, "h100", sizes, tmp_path / "cost.png", "bf16")
+    grid = Grid(cost(prog, "h100", "bf16"), sizes)
+    chosen = grid.values(grid.best("time")[0])
+    right = figs[0].axes[1]
+    assert f"chosen g_q={chosen['g_q']}, s_x={chosen['s_x']}" in right.get_title()
+    stars = [ln for ln in right.get_lines() if ln.get_marker() == "*" and len(ln.get_xdata())]
+    assert sorted(float(ln.get_xdata()[0]) for ln in stars) == sorted(
+        float(chosen[t]) for t in ("g_q", "s_x"))
+    filled = [ln for ln in right.get_lines() if ln.get_marker() == "o" and ln.get_mfc() != "none"]
+    assert any(len(ln.get_xdata()) for ln in filled)  # the chosen tiles launch: not all hollow

@@ -145,9 +145,14 @@ def plot_cost(program, hardware, sizes: Mapping, path, dtype=None, *, level: str
     ax1.set_ylabel(f"transfers H at {lv} (values)")
     ax1.set_title("transfers vs on-chip memory")
     ax1.legend(fontsize=7)
-    best, _ = g.best("transfers")
+    # the right panel is about the tiles the table reports (the time optimum, chosen among
+    # the points that launch): each curve moves one tile with the others at those, and a
+    # point is hollow by the same test that chose them
+    best, _ = g.best("time")
     bestv = g.values(best)
     ok = g.feasible()
+    hollow = ("does not launch" if g.launches is not None
+              else "exceeds capacity")
     for j, t in enumerate(g.free):
         others = np.ones(g.n, bool)
         for k, u in enumerate(g.free):
@@ -160,10 +165,15 @@ def plot_cost(program, hardware, sizes: Mapping, path, dtype=None, *, level: str
         line, = ax2.loglog(xs, ys, "-", label=t.name)
         ax2.loglog(xs[fe], ys[fe], "o", color=line.get_color())
         ax2.loglog(xs[~fe], ys[~fe], "o", mfc="none", color=line.get_color())
-    ax2.set_xlabel("tile size (others at the optimum; hollow = exceeds capacity)")
+        ax2.loglog([bestv[t.name]], [g.Hv[best]], "*", ms=16, color=line.get_color(),
+                   mec="black", zorder=5)
+    if g.free:
+        ax2.loglog([], [], "*", ms=12, color="white", mec="black", label="chosen")
+    ax2.set_xlabel(f"tile size (others at the chosen ones; hollow = {hollow})")
     ax2.set_ylabel(f"transfers H at {lv} (values)")
     sz = ", ".join(f"{k}={v}" for k, v in sizes.items())
-    ax2.set_title(f"transfers vs tile size ({sz})", fontsize=9)
+    chosen = ", ".join(f"{t.name}={bestv[t.name]}" for t in g.free)
+    ax2.set_title(f"transfers vs tile size ({sz}; chosen {chosen})", fontsize=9)
     if g.free:
         ax2.legend(fontsize=8)
     fig.tight_layout()
