@@ -2,6 +2,7 @@
 ratio to the lower bound, per algorithm and hierarchy depth.
 
     python benchmarks/search.py [--quick] [--repeat N]
+    python benchmarks/search.py --block    # the transformer block, searched in pieces
 
 Two levels = GMEM + SMEM (the paper's setting); four = GMEM → L2 → SMEM →
 registers.  The last row is a chain of four cross-attention layers with their
@@ -135,6 +136,53 @@ def repeated(n: int, max_states: int, max_seconds: float):
               f"{max(walls):8.2f}{target:8.1f}")
 
 
+def block_row(seconds: float = 25.0) -> None:
+    """A pre-norm transformer block from plain JAX (tests/test_pieces.py: RMSNorm, Q/K/V from
+    one x, causal attention, output projection + residual, RMSNorm, SwiGLU + residual; 71
+    boxes) at t=2048, e=1024, h=8, d=128, f=4096: searched in pieces, against the program
+    of one kernel per box; its certificate replayed; its kernels, fitted small, against
+    float64 in interpret mode."""
+    import resource
+
+    import jax
+    import numpy as np
+    from napkin.search.engine import Evaluator, eager_moves, kernel_per_box
+    import test_pieces
+    d = test_pieces.block_at_benchmark_sizes()
+    t0 = time.perf_counter()
+    opt = nk.optimize(d, "h100", dtype="bf16", max_seconds=seconds, source={
+        "from": f"{test_pieces.__file__}:block_at_benchmark_sizes"})
+    took = time.perf_counter() - t0
+    r = opt.search
+    ev = Evaluator("h100", d.sizes, "bf16")
+    per_box = kernel_per_box(eager_moves(d)[0], ev)
+    kernels = len(r.best.tiles.launch)
+    print(f"{'block':<10} {'boxes':>5} {'first s':>8} {'best s':>7} {'search s':>8} "
+          f"{'states':>6} {'kernels':>7} {'modelled s':>10} {'per box s':>10} {'ratio':>6} "
+          f"{'peak GB':>7}")
+    print(f"{'h100 bf16':<10} {len(d.boxes):>5} {r.first_fit_s:>8.1f} {r.best.found_s:>7.1f} "
+          f"{took:>8.1f} {r.states:>6} {kernels:>7} {r.best.time_s:>10.3e} "
+          f"{per_box.time_s:>10.3e} {per_box.time_s / r.best.time_s:>5.2f}x "
+          f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6:>7.2f}")
+    moves = [(m.rule, m.params_dict.get("axis")) for m in opt.chain]
+    print(f"FlashAttention inside (stream over t_2): {('stream_partition', 't_2') in moves}; "
+          f"{len(moves)} moves")
+    t0 = time.perf_counter()
+    report = opt.check()
+    print(f"certificate: {len(opt.chain)} moves replayed by the checker in "
+          f"{time.perf_counter() - t0:.1f} s: {'ok' if report.ok else report}")
+    small = opt.fit({"t": 24, "e": 16, "h": 2, "d": 16, "f": 32})
+    rng = np.random.default_rng(0)
+    xs = [(0.3 * rng.standard_normal([small.sizes[a] for a in axes.split()])).astype(
+        np.float32) for axes in test_pieces.AXES]  # block's arguments: x once (t_2 is t)
+    got = np.asarray(small.kernel("triton", interpret=True, dtype="f32")(*xs))
+    with jax.enable_x64(True):
+        want = np.asarray(test_pieces.block(*[x.astype(np.float64) for x in xs]))
+    err = float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
+    print(f"kernels at t=24, e=16, h=2, d=16, f=32 (interpret mode) against float64: "
+          f"max relative error {err:.1e}")
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--quick", action="store_true", help="two levels only, small limits")
@@ -143,7 +191,12 @@ def main():
     p.add_argument("--repeat", type=int, default=0,
                    help="also time the rows with a target in this many fresh processes")
     p.add_argument("--row", help=argparse.SUPPRESS)  # NAME:LEVELS, one timed row (for --repeat)
+    p.add_argument("--block", action="store_true",
+                   help="only the transformer block row (searched in pieces), and run it")
     a = p.parse_args()
+    if a.block:
+        block_row(min(a.max_seconds, 25.0))
+        return
     if a.row:
         name, levels = a.row.split(":")
         warm_up()

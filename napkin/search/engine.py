@@ -488,14 +488,25 @@ def _collector_paused():
             gc.enable()
 
 
+# the share of the time limit the pieces of a large program get (napkin.search.pieces)
+PIECES_SHARE = 0.5
+
+
 def _search(diagram, hardware, sizes, dtype, max_states, max_seconds, objective, keep, levels,
             commute, prune, patience):
+    from napkin.search.pieces import searched_in_pieces
     t0 = time.perf_counter()
     start = eager_moves(diagram)
+    two = Evaluator(hardware, sizes or {}, dtype, objective, "two")
+    # a program of many boxes: its pieces searched first, their chains replayed on it (a
+    # runnable program early); the search then starts from that program and the algorithm
+    pieced = searched_in_pieces(start, two, max_states, PIECES_SHARE * max_seconds)
+    # (every top-level box of the pieced program is a kernel: the search refines those;
+    # from the algorithm itself, a program that large has more first moves than it can try)
+    roots = [start] if pieced is None else [pieced, _each_box(start, two)]
     if levels == "all":
-        coarse = _best_first([start], Evaluator(hardware, sizes or {}, dtype, objective, "two"),
-                             max_states, max_seconds, t0, commute=commute, prune=prune,
-                             patience=patience, algorithm=diagram)
+        coarse = _best_first(roots, two, max_states, max_seconds, t0, commute=commute,
+                             prune=prune, patience=patience, algorithm=diagram)
         ev = Evaluator(hardware, sizes or {}, dtype, objective, "all")
         ranked = sorted((s for s in coarse.states() if s.feasible), key=lambda s: s.time_s)
         seeds = [(s.program, s.chain) for s in ranked[:keep]] or [start]
@@ -509,9 +520,8 @@ def _search(diagram, hardware, sizes, dtype, max_states, max_seconds, objective,
         fine.limit = fine.limit or coarse.limit
         fine.stopped = fine.stopped or coarse.stopped
         return fine.result(diagram, ev, keep, t0)
-    ev = Evaluator(hardware, sizes or {}, dtype, objective, levels)
-    return _best_first([start], ev, max_states, max_seconds, t0, commute=commute,
-                       prune=prune, patience=patience, algorithm=diagram).result(diagram, ev,
+    return _best_first(roots, two, max_states, max_seconds, t0, commute=commute,
+                       prune=prune, patience=patience, algorithm=diagram).result(diagram, two,
                                                                                  keep, t0)
 
 
@@ -832,6 +842,24 @@ def kernel_per_box(diagram, ev: Evaluator) -> State | None:
     the axis it reduces (so no whole row is on chip), values between kernels in HBM — each
     step a rule application, so its chain is a certificate like any other.  None when even
     that does not fit (a budget below one box's smallest tile)."""
+    program, chain = each_box_partitioned(diagram, ev)
+    if not chain:
+        return None
+    state = State(f"{canonical_hash(program)}.kernel-per-box", program, tuple(chain))
+    ev(state)
+    return state if state.feasible and not state.error else None
+
+
+def _each_box(start, ev) -> tuple:
+    """(program, chain): ``start`` (a (program, chain) pair) with every box a kernel."""
+    program, chain = each_box_partitioned(start[0], ev)
+    return program, (*start[1], *chain)
+
+
+def each_box_partitioned(diagram, ev: Evaluator) -> tuple:
+    """(program, chain): every top-level box of ``diagram`` that is not a group or a stream
+    yet made a kernel of its own — grouped over its output's axes, streamed over the largest
+    axis it reduces (:func:`kernel_per_box`'s program, and the pieces' completion)."""
     def boxes(prog):
         g = view(prog)
         return [g.nodes[n]["box"] for n in op_order(g)]
@@ -874,11 +902,7 @@ def kernel_per_box(diagram, ev: Evaluator) -> State | None:
                 program, index = new, where
                 chain.append(mv)
                 break
-    if not chain:
-        return None
-    state = State(f"{canonical_hash(program)}.kernel-per-box", program, tuple(chain))
-    ev(state)
-    return state if state.feasible and not state.error else None
+    return program, chain
 
 
 def _axis_size(box, axis: str):

@@ -1,0 +1,142 @@
+"""A large algorithm searched as its natural pieces (a transformer block: norm, projections,
+attention, output projection, norm, MLP).
+
+Kernels of a program cost independently once the values between them are in HBM, so a
+program of many boxes is cut into convex pieces of at most :data:`MOST` boxes where the
+least data crosses (:func:`cuts` joins boxes along their values, the largest first: the
+attention scores' |h|·|t|² stay inside a piece, a residual's |t|·|e| is cut), and each
+piece is searched as a diagram of its own, in a share of the time.  Each run's best chain is then replayed on the whole program —
+its sites translated box by box (a rule leaves the boxes outside its site as they were, so
+a run's boxes are followed through its moves by identity) — so the result is one chain of
+rule applications on the whole algorithm, a certificate like any other.  Boxes a piece left
+without a kernel (its chain is dropped where the whole program refuses a move of it: a
+value of the piece another piece also reads) get one of their own
+(:func:`napkin.search.engine.each_box_partitioned`).  The
+whole search then starts from that program as well as from the algorithm, and keeps the
+better.
+"""
+from __future__ import annotations
+
+import time
+
+from napkin.core.errors import NapkinError
+from napkin.core.ir import ops as op_order, view
+from napkin.core.region import Site, region, region_diagram
+
+# programs with more top-level boxes than this are searched in pieces first
+ABOVE = 24
+# the most boxes of one piece: attention's scores, mask, softmax and product (5) — a piece
+# as large as attention with its projections (9) is not searched through in a few seconds
+MOST = 5
+# the most states a piece's search costs (attention's answer is reached in well under 100)
+STATES = 300
+
+
+def cuts(program, ev) -> list[list[int]]:
+    """The top-level op indices of ``program`` in convex pieces of at most :data:`MOST`
+    boxes: boxes are joined along the values between them, the largest value first (a
+    piece's inside stays on chip; what crosses between pieces goes through HBM), while the
+    piece stays small enough and convex."""
+    from napkin.core.errors import RuleError
+    from napkin.search.engine import _numel
+    g = view(program)
+    order = op_order(g)
+    pos = {n: i for i, n in enumerate(order)}
+    edges = []
+    for i, node in enumerate(order):
+        for v in g.nodes[node]["outs"]:
+            ob = g.nodes[v]["ob"]
+            nbytes = _numel(ob.type, ev.sizes) * ev._bytes_per_value(ob)
+            edges += [(-nbytes, i, pos[c]) for c in g.successors(v)]
+    piece = {i: frozenset([i]) for i in range(len(order))}
+    for _, i, j in sorted(edges):
+        if piece[i] is piece[j]:
+            continue
+        merged = piece[i] | piece[j]
+        if len(merged) > MOST:
+            continue
+        try:
+            region(g, sorted(merged))  # convex: nothing outside runs between its boxes
+        except RuleError:
+            continue
+        for k in merged:
+            piece[k] = merged
+    return sorted((sorted(p) for p in set(piece.values())), key=lambda p: p[0])
+
+
+def searched_in_pieces(start, ev, max_states: int, seconds: float):
+    """(program, chain) from ``start`` (a (program, chain) pair) with every piece's best chain
+    replayed on it, or None when the program is small or no piece improved."""
+    from napkin.search.engine import _best_first, each_box_partitioned
+    program, chain = start
+    if len(op_order(view(program))) <= ABOVE:
+        return None
+    runs = [r for r in cuts(program, ev) if len(r) > 1 or _reduces(program, r[0])]
+    share = seconds / max(len(runs), 1)
+    g = view(program)
+    order = op_order(g)
+    pieces = []
+    for run in runs:  # the pieces are cut from the start: their boxes are the start's own
+        boxes = [g.nodes[order[i]]["box"] for i in run]
+        sub = region_diagram(region(g, run))
+        t0 = time.perf_counter()
+        try:  # a piece is small: its states, not the clock, bound it (the same answer on
+            # a slow machine), the time share only as a backstop
+            found = _best_first([sub], ev, min(max_states, STATES), share, t0,
+                                algorithm=sub).best
+        except NapkinError:
+            continue
+        if found is not None and found.feasible and found.chain:
+            pieces.append((sub, boxes, found.chain))
+    if not pieces:
+        return None
+    chain = list(chain)
+    for sub, boxes, moves in pieces:
+        program, done = _replay(program, sub, boxes, moves)
+        chain += done
+    program, rest = each_box_partitioned(program, ev)  # boxes a piece left without a kernel
+    return program, tuple(chain + list(rest))
+
+
+def _reduces(program, index) -> bool:
+    """Whether the top-level box at ``index`` is worth a search of its own (alone, an
+    elementwise box gets its kernel from kernel_per_box)."""
+    g = view(program)
+    return not getattr(g.nodes[op_order(g)[index]]["box"].spec, "elementwise", False)
+
+
+def _top(program) -> list:
+    g = view(program)
+    return [g.nodes[n]["box"] for n in op_order(g)]
+
+
+def _replay(program, sub, boxes, moves):
+    """``moves`` (a chain on ``sub``, whose top-level boxes stand for ``boxes`` of
+    ``program``) applied to ``program``: (the program, the moves) — or ``program`` and no
+    moves where one does not apply (a prefix of a piece's chain need not fit on chip)."""
+    from napkin.search.engine import Move, apply_move
+    corr = {id(s): f for s, f in zip(_top(sub), boxes)}  # sub's box -> program's box
+    done, original = [], program
+    for mv in moves:
+        s_top, f_top = _top(sub), _top(program)
+        where = {id(b): i for i, b in enumerate(f_top)}
+        try:
+            at = [where[id(corr[id(s_top[i])])] for i in (mv.site.path[:1] or mv.site.ops)]
+        except KeyError:
+            return original, []  # a box of the piece no longer at the top
+        site = Site((at[0], *mv.site.path[1:]), mv.site.ops) if mv.site.path \
+            else Site((), tuple(sorted(at)))
+        moved = Move(mv.rule, site, mv.params)
+        try:
+            new_prog, new_sub = apply_move(program, moved), apply_move(sub, mv)
+        except NapkinError:
+            return original, []  # the whole program refuses it (a value read elsewhere)
+        old_s, old_f = {id(b) for b in s_top}, {id(b) for b in f_top}
+        made_s = [b for b in _top(new_sub) if id(b) not in old_s]
+        made_f = [b for b in _top(new_prog) if id(b) not in old_f]
+        if len(made_s) != len(made_f):
+            return original, []
+        corr.update((id(s), f) for s, f in zip(made_s, made_f))
+        program, sub = new_prog, new_sub
+        done.append(moved)
+    return program, done

@@ -1,0 +1,74 @@
+"""A large algorithm searched as its natural pieces (napkin.search.pieces): a pre-norm
+transformer block imported from plain JAX — RMSNorm, Q/K/V from one x, causal attention,
+the output projection and residual, RMSNorm, a SwiGLU MLP and residual (71 boxes) — reaches a
+runnable program, FlashAttention inside it, as one chain of rule applications on the whole
+block.  (The search around it, the checker's replay and the kernels against float64 are
+benchmarks/search.py --block: costing a program of twenty kernels takes seconds.)"""
+import jax
+import jax.numpy as jnp
+
+import napkin as nk
+from napkin.core.ir import ops as op_order, view
+from napkin.search import pieces
+from napkin.search.engine import Evaluator, eager_moves
+
+F = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)  # noqa: E731
+
+
+def _rms(x, g):
+    return x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + 1e-6) * g
+
+
+def block(x, g1, wq, wk, wv, wo, g2, w1, w3, w2):  # x[t, e]; wq[e, h, d]; wo[h, d, e]
+    h = _rms(x, g1)
+    q, k, v = (jnp.einsum("te,ehd->htd", h, w) for w in (wq, wk, wv))
+    s = jnp.einsum("htd,hsd->hts", q, k) / jnp.sqrt(q.shape[-1])
+    i, j = jnp.arange(x.shape[0])[:, None], jnp.arange(x.shape[0])[None, :]
+    o = jnp.einsum("hts,hsd->htd", jax.nn.softmax(jnp.where(i >= j, s, -jnp.inf), -1), v)
+    x = x + jnp.einsum("htd,hde->te", o, wo)
+    h = _rms(x, g2)
+    return x + (jax.nn.silu(h @ w1) * (h @ w3)) @ w2
+
+
+AXES = ["t e", "e", "e h d", "e h d", "e h d", "h d e", "e", "e f", "e f", "f e"]  # block's
+
+
+def _imported(t=1024, e=512, h=4, d=64, f=1024):
+    args = [F(t, e), F(e), F(e, h, d), F(e, h, d), F(e, h, d), F(h, d, e), F(e), F(e, f),
+            F(e, f), F(f, e)]
+    return nk.from_jax(block, *args, axes=AXES)
+
+
+def block_at_benchmark_sizes(dtype="f32"):  # benchmarks/search.py --block's source
+    return _imported(t=2048, e=1024, h=8, d=128, f=4096)
+
+
+def test_the_pieces_are_cut_where_least_crosses():
+    d = _imported()
+    program, _ = eager_moves(d)
+    ev = Evaluator("h100", d.sizes, "bf16")
+    runs = pieces.cuts(program, ev)
+    g = view(program)
+    order = op_order(g)
+    names = [[g.nodes[order[i]]["box"].name for i in r] for r in runs]
+    assert sorted(i for r in runs for i in r) == list(range(len(order)))  # a partition
+    assert all(len(r) <= pieces.MOST for r in runs)
+    # the scores never leave a piece: QKᵀ, the scale, the mask, the softmax and P·V together
+    assert ["contract->h,t,t_2", "scale(1/sqrt(d))", "causal", "softmax_t_2",
+            "contract->htd"] in names
+
+
+def test_the_pieces_chains_replay_on_the_whole_block_as_one_chain():
+    from napkin.search.engine import apply_move
+    d = _imported()
+    start = eager_moves(d)
+    ev = Evaluator("h100", d.sizes, "f32")
+    program, chain = pieces.searched_in_pieces(start, ev, 2000, 4.0)
+    top = pieces._top(program)
+    assert all(b.spec.kind in ("group", "stream") for b in top)  # every box in a kernel
+    moves = [(m.rule, m.params_dict.get("axis")) for m in chain]
+    assert ("stream_partition", "t_2") in moves  # the keys streamed: FlashAttention
+    replayed = d  # one chain of rule applications on the whole algorithm: a certificate's
+    for mv in chain:
+        replayed = apply_move(replayed, mv)
+    assert [b.name for b in pieces._top(replayed)] == [b.name for b in top]
