@@ -59,11 +59,11 @@ def test_the_pieces_are_cut_where_least_crosses():
 
 
 def test_the_pieces_chains_replay_on_the_whole_block_as_one_chain():
-    from napkin.search.engine import apply_move
+    from napkin.search.engine import apply_move, in_pieces
     d = _imported()
     start = eager_moves(d)
     ev = Evaluator("h100", d.sizes, "f32")
-    program, chain = pieces.searched_in_pieces(start, ev, 2000, 4.0)
+    program, chain = in_pieces(start, ev, 2000, 4.0)
     top = pieces._top(program)
     assert all(b.spec.kind in ("group", "stream") for b in top)  # every box in a kernel
     moves = [(m.rule, m.params_dict.get("axis")) for m in chain]

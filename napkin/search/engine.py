@@ -366,6 +366,10 @@ class Evaluator:
             total += max(0.0, need - cap)
         return total
 
+    def nbytes(self, ob) -> float:
+        """Bytes of the array ``ob`` at these sizes and dtype."""
+        return _numel(ob.type, self.sizes) * self._bytes_per_value(ob)
+
     def _bytes_per_value(self, ob) -> int:
         return DTYPE_BYTES.get(self.dtype if isinstance(self.dtype, str) else ob.type.dtype, 4)
 
@@ -492,15 +496,24 @@ def _collector_paused():
 PIECES_SHARE = 0.5
 
 
+def in_pieces(start, ev, max_states: int, seconds: float):
+    """napkin.search.pieces.searched_in_pieces with this engine's search, completion and moves:
+    (program, chain), or None for a small program."""
+    from napkin.search.pieces import searched_in_pieces
+    return searched_in_pieces(
+        start, ev, max_states, seconds, apply=apply_move, complete=each_box_partitioned,
+        search=lambda sub, states, secs, since: _best_first([sub], ev, states, secs, since,
+                                                            algorithm=sub).best)
+
+
 def _search(diagram, hardware, sizes, dtype, max_states, max_seconds, objective, keep, levels,
             commute, prune, patience):
-    from napkin.search.pieces import searched_in_pieces
     t0 = time.perf_counter()
     start = eager_moves(diagram)
     two = Evaluator(hardware, sizes or {}, dtype, objective, "two")
     # a program of many boxes: its pieces searched first, their chains replayed on it (a
     # runnable program early); the search then starts from that program and the algorithm
-    pieced = searched_in_pieces(start, two, max_states, PIECES_SHARE * max_seconds)
+    pieced = in_pieces(start, two, max_states, PIECES_SHARE * max_seconds)
     # (every top-level box of the pieced program is a kernel: the search refines those;
     # from the algorithm itself, a program that large has more first moves than it can try)
     roots = [start] if pieced is None else [pieced, _each_box(start, two)]
@@ -873,6 +886,8 @@ def each_box_partitioned(diagram, ev: Evaluator) -> tuple:
         except NapkinError:
             return None, None, None
         at = [i for i, b in enumerate(boxes(new)) if id(b) not in others]
+        if not at:  # its replacement is a box another also is (rules memoise by content)
+            return None, None, None
         return new, Move(rule, site, tuple(sorted(params.items()))), at[0]
 
     program, chain = diagram, []

@@ -11,20 +11,22 @@ a run's boxes are followed through its moves by identity) — so the result is o
 rule applications on the whole algorithm, a certificate like any other.  Boxes a piece left
 without a kernel (its chain is dropped where the whole program refuses a move of it: a
 value of the piece another piece also reads) get one of their own
-(:func:`napkin.search.engine.each_box_partitioned`).  The
+(the engine's ``each_box_partitioned``).  The
 whole search then starts from that program as well as from the algorithm, and keeps the
 better.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from napkin.core.errors import NapkinError
 from napkin.core.ir import ops as op_order, view
 from napkin.core.region import Site, region, region_diagram
 
-# programs with more top-level boxes than this are searched in pieces first
-ABOVE = 24
+# programs with more top-level boxes than this are searched in pieces first (a four-layer
+# stack has 32, the transformer block 41; attention's backward diagrams stay below)
+ABOVE = 30
 # the most boxes of one piece: attention's scores, mask, softmax and product (5) — a piece
 # as large as attention with its projections (9) is not searched through in a few seconds
 MOST = 5
@@ -38,7 +40,6 @@ def cuts(program, ev) -> list[list[int]]:
     piece's inside stays on chip; what crosses between pieces goes through HBM), while the
     piece stays small enough and convex."""
     from napkin.core.errors import RuleError
-    from napkin.search.engine import _numel
     g = view(program)
     order = op_order(g)
     pos = {n: i for i, n in enumerate(order)}
@@ -46,7 +47,7 @@ def cuts(program, ev) -> list[list[int]]:
     for i, node in enumerate(order):
         for v in g.nodes[node]["outs"]:
             ob = g.nodes[v]["ob"]
-            nbytes = _numel(ob.type, ev.sizes) * ev._bytes_per_value(ob)
+            nbytes = ev.nbytes(ob)
             edges += [(-nbytes, i, pos[c]) for c in g.successors(v)]
     piece = {i: frozenset([i]) for i in range(len(order))}
     for _, i, j in sorted(edges):
@@ -64,13 +65,17 @@ def cuts(program, ev) -> list[list[int]]:
     return sorted((sorted(p) for p in set(piece.values())), key=lambda p: p[0])
 
 
-def searched_in_pieces(start, ev, max_states: int, seconds: float):
+def searched_in_pieces(start, ev, max_states: int, seconds: float, *, search, complete,
+                       apply):
     """(program, chain) from ``start`` (a (program, chain) pair) with every piece's best chain
-    replayed on it, or None when the program is small or no piece improved."""
-    from napkin.search.engine import _best_first, each_box_partitioned
+    replayed on it, or None when the program is small or no piece improved.  The engine's
+    own steps are passed in: ``search(diagram, states, seconds, since)`` (its best state),
+    ``complete(program, ev)`` (every box left a kernel of its own) and ``apply(program, move)``."""
     program, chain = start
     if len(op_order(view(program))) <= ABOVE:
         return None
+    if any(not b.dom.inside for b in _top(program)):
+        return None  # a value made from no input (T5's bucket index): no kernel of its own
     runs = [r for r in cuts(program, ev) if len(r) > 1 or _reduces(program, r[0])]
     share = seconds / max(len(runs), 1)
     g = view(program)
@@ -82,8 +87,7 @@ def searched_in_pieces(start, ev, max_states: int, seconds: float):
         t0 = time.perf_counter()
         try:  # a piece is small: its states, not the clock, bound it (the same answer on
             # a slow machine), the time share only as a backstop
-            found = _best_first([sub], ev, min(max_states, STATES), share, t0,
-                                algorithm=sub).best
+            found = search(sub, min(max_states, STATES), share, t0)
         except NapkinError:
             continue
         if found is not None and found.feasible and found.chain:
@@ -92,9 +96,9 @@ def searched_in_pieces(start, ev, max_states: int, seconds: float):
         return None
     chain = list(chain)
     for sub, boxes, moves in pieces:
-        program, done = _replay(program, sub, boxes, moves)
+        program, done = _replay(program, sub, boxes, moves, apply)
         chain += done
-    program, rest = each_box_partitioned(program, ev)  # boxes a piece left without a kernel
+    program, rest = complete(program, ev)  # boxes a piece left without a kernel
     return program, tuple(chain + list(rest))
 
 
@@ -110,11 +114,10 @@ def _top(program) -> list:
     return [g.nodes[n]["box"] for n in op_order(g)]
 
 
-def _replay(program, sub, boxes, moves):
+def _replay(program, sub, boxes, moves, apply):
     """``moves`` (a chain on ``sub``, whose top-level boxes stand for ``boxes`` of
     ``program``) applied to ``program``: (the program, the moves) — or ``program`` and no
     moves where one does not apply (a prefix of a piece's chain need not fit on chip)."""
-    from napkin.search.engine import Move, apply_move
     corr = {id(s): f for s, f in zip(_top(sub), boxes)}  # sub's box -> program's box
     done, original = [], program
     for mv in moves:
@@ -126,9 +129,9 @@ def _replay(program, sub, boxes, moves):
             return original, []  # a box of the piece no longer at the top
         site = Site((at[0], *mv.site.path[1:]), mv.site.ops) if mv.site.path \
             else Site((), tuple(sorted(at)))
-        moved = Move(mv.rule, site, mv.params)
+        moved = dataclasses.replace(mv, site=site)
         try:
-            new_prog, new_sub = apply_move(program, moved), apply_move(sub, mv)
+            new_prog, new_sub = apply(program, moved), apply(sub, mv)
         except NapkinError:
             return original, []  # the whole program refuses it (a value read elsewhere)
         old_s, old_f = {id(b) for b in s_top}, {id(b) for b in f_top}
