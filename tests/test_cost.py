@@ -297,3 +297,54 @@ def test_the_plots_tile_panel_is_about_the_chosen_tiles(tmp_path, monkeypatch):
         float(chosen[t]) for t in ("g_q", "s_x"))
     filled = [ln for ln in right.get_lines() if ln.get_marker() == "o" and ln.get_mfc() != "none"]
     assert any(len(ln.get_xdata()) for ln in filled)  # the chosen tiles launch: not all hollow
+
+
+def test_a_grid_prices_each_point_as_value_at_does():
+    """Grid works expressions out on each tile's own dimension and broadcasts: at random
+    points, its traffic and memory agree with the expression evaluated at that point."""
+    import numpy as np
+    from napkin.cost.optimize import Grid
+    from napkin.cost.model import value_at
+    c = cost(program("attention", ATTENTION), H100_2, "bf16")
+    sizes = {"q": 1000, "x": 3000, "d": 64}
+    g = Grid(c, sizes)
+    level = c.levels[1]
+    for i in np.random.default_rng(0).integers(0, g.n, 12):
+        at = {**sizes, **g.values(int(i))}
+        assert g.Hb[i] == pytest.approx(value_at(c.transfers_bytes[c.main_level], at))
+        assert g.mem[level][i] == pytest.approx(max(
+            value_at(e, at) for e in c.memory_bytes_candidates[level]))
+
+
+def test_combined_folds_parts_into_the_ones_that_cover_them():
+    import numpy as np
+    from napkin.cost.model import combined
+    rng = np.random.default_rng(1)
+    parts = [rng.random((3, 1, 1)), rng.random((3, 4, 1)), rng.random((1, 1, 5)),
+             rng.random((1, 4, 1)), rng.random((3, 4, 5))]
+    want = sum(np.broadcast_to(p, (3, 4, 5)) for p in parts)
+    assert np.allclose(combined(parts, (3, 4, 5)), want)
+    masks = [p > 0.3 for p in parts]
+    assert (combined(masks, (3, 4, 5), np.logical_and, True)
+            == np.logical_and.reduce([np.broadcast_to(m, (3, 4, 5)) for m in masks])).all()
+    assert combined([], (2, 2)).shape == (2, 2)
+
+
+def test_a_grid_beyond_its_points_is_thinned_and_still_priced_exactly(monkeypatch):
+    """A grid larger than POINTS keeps every other candidate of its largest tiles (their
+    least and largest kept); the tiling it chooses is one of those, priced as before."""
+    from napkin.cost import optimize
+    c = cost(program("attention", ATTENTION), H100_2, "bf16")
+    sizes = {"q": 4096, "x": 4096, "d": 64}
+    whole = optimize.Grid(c, sizes)
+    monkeypatch.setattr(optimize, "POINTS", whole.n // 3)
+    thin = optimize.Grid(c, sizes)
+    assert thin.thinned and thin.n <= whole.n // 3
+    for name, kept in thin.cands.items():
+        assert set(kept) <= set(whole.cands[name])
+        assert kept[0] == whole.cands[name][0] and kept[-1] == whole.cands[name][-1]
+    best, ok = thin.best()
+    values = thin.values(best)
+    same = next(i for i in range(whole.n) if whole.values(i) == values)
+    assert ok and thin.time[best] == pytest.approx(whole.time[same])
+    assert thin.time[best] >= whole.time[whole.best()[0]] * (1 - 1e-12)

@@ -257,13 +257,16 @@ def test_a_kernel_that_spills_everywhere_licenses_no_other_spill():
                "bf16")
     c, chosen = r.best.cost, r.best.tiles
     g = Grid(c, sizes)
-    per_kernel = [Launches._on_grid(k, c, g) for k in g.launches.resources]
-    everywhere = [bool((kl.spilled > 0).all()) for kl in per_kernel]
+    per_kernel = []  # each kernel's spilled bytes at every point of the program's grid
+    for k in g.launches.resources:
+        kl, dims = Launches._on_grid(k, c, g)
+        per_kernel.append(np.broadcast_to(kl.spilled.reshape(dims), g.shape).reshape(-1))
+    everywhere = [bool((spilled > 0).all()) for spilled in per_kernel]
     assert any(everywhere) and not all(everywhere)
     ok = g.feasible()
-    for spills, kl, launch in zip(everywhere, per_kernel, chosen.launch):
+    for spills, spilled, launch in zip(everywhere, per_kernel, chosen.launch):
         assert spills or launch["spilled_bytes"] == 0, launch
-        assert spills or ((kl.spilled[ok] == 0).all() and (kl.spilled > 0).any())
+        assert spills or ((spilled[ok] == 0).all() and (spilled > 0).any())
     i = int(np.flatnonzero(np.all([g.flat[j] == chosen.values[t.name]
                                    for j, t in enumerate(g.free)], axis=0))[0])
     near = g.time <= g.time[i] * 1.001

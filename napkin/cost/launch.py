@@ -25,14 +25,13 @@ of a :class:`napkin.cost.optimize.Grid`, for a profile whose ``register_budget``
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 
 import numpy as np
 import sympy
 
-from napkin.cost.model import compute_times, evaluate_on, fold, value_at
+from napkin.cost.model import combined, compute_times, evaluate_on, fold, value_at
 from napkin.core.memo import IdentityMemo
 from napkin.schedule.resources import block_level, kernels as kernel_resources
 
@@ -79,34 +78,40 @@ class Launches:
 
     def __init__(self, grid):
         self.grid = grid
-        c, n = grid.c, grid.n
+        c, shape = grid.c, grid.shape
         self.resources = kernel_resources(c.schedule)
-        # fits: within every budget; runs: within shared memory (registers spill, priced)
-        self.fits, self.runs, self.time = np.ones(n, bool), np.ones(n, bool), np.zeros(n)
+        # worked out on the grid's shape, each kernel's arrays broadcast from the dimensions
+        # of its own tiles (and summed at their shape first: kernels share tiles)
+        # fits: within every budget; runs: within shared memory (registers spill, priced);
         # where some kernel spills at every point, the others still keep to their points
         # that do not (a spilling kernel must not license its neighbours' spills)
-        self.spill_least = np.ones(n, bool)
-        self.spilled = np.zeros(n)  # bytes spilled per block, all kernels together
+        fits, runs, spill_least, spilled, time = [], [], [], [], []
         self.least_smem = 0.0
         self.excess = 0.0  # bytes by which the kernels' smallest points break the budget
         limit = smem_limit(c.hardware)
         for k in self.resources:
-            kl = self._on_grid(k, c, grid)
-            self.runs &= kl.fits
-            clean = kl.fits & (kl.spilled == 0)
-            self.fits &= clean
-            self.spill_least &= clean if clean.any() else kl.fits
-            self.spilled += kl.spilled
-            self.time += kl.time
-            smem = float(kl.smem1.min())
+            kl, dims = self._on_grid(k, c, grid)
+            ok = kl.fits.reshape(dims)
+            clean = ok & (kl.spilled.reshape(dims) == 0)
+            runs.append(ok)
+            fits.append(clean)
+            spill_least.append(clean if clean.any() else ok)
+            spilled.append(kl.spilled.reshape(dims))  # bytes spilled per block
+            time.append(kl.time.reshape(dims))
+            smem = float(kl.smem1.min())  # (its least on its own grid is its least here)
             self.least_smem = max(self.least_smem, smem)
             self.excess += max(0.0, smem - limit)
+        self.fits, self.runs, self.spill_least = (
+            combined(parts, shape, np.logical_and, True).reshape(-1)
+            for parts in (fits, runs, spill_least))
+        self.spilled, self.time = (combined(parts, shape).reshape(-1)
+                                   for parts in (spilled, time))
 
     @classmethod
-    def _on_grid(cls, k, c, grid) -> KernelLaunch:
-        """One kernel at every point of ``grid``: worked out on the grid of the tiles it
-        reads (memoised: the search meets the same kernel in state after state, each time
-        in a program with other tiles) and spread over the program's points."""
+    def _on_grid(cls, k, c, grid) -> tuple[KernelLaunch, tuple]:
+        """One kernel on the grid of the tiles it reads (memoised: the search meets the same
+        kernel in state after state, each time in a program with other tiles), and the shape
+        its arrays take to broadcast over ``grid`` (its tiles' dimensions; 1 elsewhere)."""
         own = _symbols(k)
         tiles = [j for j, t in enumerate(grid.free) if t in own]
         cands = tuple((grid.free[j], tuple(grid.cands[grid.free[j].name])) for j in tiles)
@@ -118,12 +123,8 @@ class Launches:
             m = sub[0].size if sub else 1
             return cls._kernel(k, c, lambda e: evaluate_on(e, grid.sizes, axis_of, m), m)
         kl = _ON_GRID.get((k, c.hardware), make, (cands, sizes))
-        if not tiles:
-            return dataclasses.replace(kl, **{f: np.broadcast_to(getattr(kl, f), (grid.n,))
-                                              for f in _ARRAYS})
-        index = np.ravel_multi_index([grid.index[j] for j in tiles],
-                                     [len(v) for _, v in cands])
-        return dataclasses.replace(kl, **{f: getattr(kl, f)[index] for f in _ARRAYS})
+        dims = tuple(grid.shape[j] if j in tiles else 1 for j in range(len(grid.shape)))
+        return kl, dims
 
     def _at(self, i: int) -> list[KernelLaunch]:
         env = {**self.grid.sizes, **self.grid.values(i)}
@@ -214,8 +215,6 @@ class Launches:
 
 _ON_GRID = IdentityMemo(20000)
 _SYMBOLS = IdentityMemo(20000)
-_ARRAYS = ("warps", "stages", "smem", "smem1", "registers", "spilled", "blocks_per_sm", "ctas",
-           "waves", "fits", "time")
 
 
 def _symbols(k) -> set:

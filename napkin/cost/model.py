@@ -289,25 +289,48 @@ def _lambdified(free: tuple, expr):
     return sympy.lambdify(free, expr, "numpy")
 
 
-def evaluate_on(expr, sizes: Mapping, axis_of: Mapping, n: int) -> np.ndarray:
-    """``expr`` at every one of ``n`` tile points: sizes substituted, each free tile taken
-    from ``axis_of`` (its value at every point)."""
+def evaluate_on(expr, sizes: Mapping, axis_of: Mapping, n) -> np.ndarray:
+    """``expr`` at every one of ``n`` tile points (a count, a grid's shape, or None: the
+    shape its terms broadcast to): sizes
+    substituted, each free tile taken from ``axis_of`` (its value at every point, or a
+    vector along its own dimension of the grid, which numpy broadcasts)."""
+    n = n if isinstance(n, tuple) or n is None else (n,)
     e = sym_subs(expr, sizes)
     missing = e.free_symbols - set(axis_of)
     if missing:
         raise CostError(f"no size for {', '.join(sorted(map(str, missing)))} "
                         f"(give it in sizes)")
     if not (e.free_symbols & set(axis_of)):
-        return np.full(n, float(e))
+        return np.full(n or (), float(e))
     # term by term: a program's total is a sum over its kernels, and the search
     # meets the same kernels in state after state (each term compiled once)
+    # (terms of one shape are summed at that shape first: on a grid, a few tiles' own)
     terms = e.args if isinstance(e, sympy.Add) else (e,)
-    out = np.zeros(n)
+    parts: dict = {}
     for term in terms:
         syms = tuple(sorted(term.free_symbols, key=str))  # its own: a key states share
-        if syms:
-            f = _lambdified(syms, term)
-            out += np.broadcast_to(np.asarray(f(*(axis_of[s] for s in syms)), dtype=float), (n,))
+        at = np.asarray(_lambdified(syms, term)(*(axis_of[s] for s in syms)) if syms
+                        else float(term), dtype=float)
+        parts[at.shape] = parts.get(at.shape, 0.0) + at
+    if n is None:  # at the shape its terms broadcast to (a grid's few dimensions)
+        return sum(parts.values(), np.zeros(()))
+    return combined(parts.values(), n, np.add, 0.0)
+
+
+def combined(parts, shape: tuple, op=np.add, start=0.0) -> np.ndarray:
+    """``parts`` (arrays that broadcast to ``shape``) combined by ``op`` (a numpy ufunc: add,
+    logical_and) into one array of ``shape``.  A part is first folded into a larger one whose
+    dimensions cover its own — a kernel of a few tiles into one of more — so only the parts
+    no other covers are spread over every point (a grid of millions)."""
+    kept: list = []
+    for at in sorted(parts, key=lambda a: -a.size):
+        into = next((k for k, big in enumerate(kept) if big.ndim == at.ndim and all(
+            a == 1 or a == b for a, b in zip(at.shape, big.shape))), None)
+        if into is None:
+            kept.append(np.array(at))
         else:
-            out += float(term)
+            op(kept[into], at, out=kept[into])
+    out = np.full(shape, start, dtype=np.result_type(start, *kept))
+    for at in kept:
+        op(out, at, out=out)
     return out

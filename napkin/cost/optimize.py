@@ -260,6 +260,30 @@ def reference_bytes(c: Cost) -> int:
                                else ob.type.dtype) for ob in c.program.dom.inside)
 
 
+# The most points a grid holds.  Tiles are named by their axis, so the kernels of a large
+# program share them and its grid is their product: the transformer block's twenty kernels
+# over ten tiles make 4.2 million points, one more stream a few times that, each array
+# 8 bytes a point (a search holds a grid per state).  Beyond this, the tiles with the most
+# candidates lose every other one (their least and their largest kept): every point left is
+# still priced exactly, the optimum is found among fewer tilings.
+POINTS = 1 << 22
+
+
+def _thinned(cands: dict) -> dict:
+    """Thin ``cands`` (tile -> its candidates) in place to at most :data:`POINTS` points;
+    {tile: candidates dropped}."""
+    dropped: dict = {}
+    while math.prod(len(c) for c in cands.values()) > POINTS:
+        name = max(cands, key=lambda k: len(cands[k]))
+        c = cands[name]
+        if len(c) <= 2:
+            break
+        kept = c[::2] + ([c[-1]] if (len(c) - 1) % 2 else [])
+        dropped[name] = dropped.get(name, 0) + len(c) - len(kept)
+        cands[name] = kept
+    return dropped
+
+
 class Grid:
     """Every candidate tiling of a program, evaluated once (numpy over the whole grid)."""
 
@@ -285,23 +309,30 @@ class Grid:
             m = math.lcm(info.least(sizes), int((multiples or {}).get(t.name, 1)))
             self.mult[t.name] = m
             self.cands[t.name] = candidates(upper[t.name], m, power_of_two)
-        grids = np.meshgrid(*[np.array(self.cands[t.name], dtype=float) for t in free],
-                            indexing="ij") if free else []
-        self.flat = [g.ravel() for g in grids]
-        # each point's index into each tile's candidates (a kernel's own grid maps onto it)
-        self.index = [g.ravel() for g in np.meshgrid(
-            *[np.arange(len(self.cands[t.name])) for t in free], indexing="ij")] if free else []
-        self.axis_of = dict(zip(free, self.flat))
-        self.n = self.flat[0].size if self.flat else 1
-        self.nested_ok = np.ones(self.n, bool)  # a tile inside a tile of the same axis fits it
-        for j, t in enumerate(free):
+        self.thinned = _thinned(self.cands)
+        # the grid is the product of the tiles' candidates, point i at np.unravel_index(i,
+        # shape); each tile is held as a vector along its own dimension, so an expression of
+        # a few tiles is worked out on their candidates and broadcast (a program of twenty
+        # kernels over ten tiles has millions of points)
+        self.shape = tuple(len(self.cands[t.name]) for t in free) or (1,)
+        self.axis_of = {t: np.asarray(self.cands[t.name], dtype=float).reshape(
+            [-1 if k == j else 1 for k in range(len(free))]) for j, t in enumerate(free)}
+        self.n = math.prod(self.shape)
+        nested = np.ones(self.shape, bool)  # a tile inside a tile of the same axis fits it
+        for t in free:
             if set(c.tiles[t].full.free_symbols) & set(free):
-                self.nested_ok &= self.flat[j] <= self.ev(c.tiles[t].full)
-        # every candidate peak per level (kept: a search reads each one's minimum)
-        self.mem_candidates = {lv: [self.ev(e) for e in c.memory_bytes_candidates[lv]]
-                               for lv in c.levels[1:]}
-        self.mem = {lv: np.max(np.stack(arrays), axis=0)
-                    for lv, arrays in self.mem_candidates.items()}
+                nested &= self.axis_of[t] <= self._ev(c.tiles[t].full)
+        self.nested_ok = nested.reshape(-1)
+        # each level's peak: the largest of its candidate peaks; of each candidate only its
+        # least is kept (a search reads those: how far a program is from fitting)
+        self.mem, self.mem_least = {}, {}
+        for lv in c.levels[1:]:
+            peak, least = np.zeros(self.n), []
+            for e in c.memory_bytes_candidates[lv]:
+                at = self.ev(e)
+                np.maximum(peak, at, out=peak)
+                least.append(float(at.min()))
+            self.mem[lv], self.mem_least[lv] = peak, least
         self.memsum = sum(self.mem.values())
 
     # Times and traffic are worked out on first use: a search that finds no tiling
@@ -322,10 +353,17 @@ class Grid:
         """Tile steps of the program (the product over tiles of its extent ÷ the tile): of
         points the roofline prices alike, the one with fewer, larger steps wins (each step
         has overheads the roofline does not price)."""
-        out = np.ones(self.n)
-        for j, t in enumerate(self.free):
-            out *= self.ev(self.c.tiles[t].full) / self.flat[j]
-        return out
+        out = np.ones(())  # (on the tiles' own dimensions, broadcast once at the end)
+        for t in self.free:
+            out = out * evaluate_on(self.c.tiles[t].full, self.sizes, self.axis_of,
+                                    None) / self.axis_of[t]
+        return np.broadcast_to(out, self.shape).reshape(-1)
+
+    @functools.cached_property
+    def flat(self) -> list:
+        """Each free tile's value at every point (for pictures: a search reads the grid's
+        expressions, worked out on the tiles' own dimensions)."""
+        return [np.broadcast_to(self.axis_of[t], self.shape).reshape(-1) for t in self.free]
 
     @property
     def labels(self) -> list:
@@ -350,9 +388,9 @@ class Grid:
             return self.launches.time
         return self._times[0].max(axis=0)
 
-    @functools.cached_property
-    def which(self) -> np.ndarray:
-        return self._times[0].argmax(axis=0)
+    def bound_by(self, i: int) -> str:
+        """What bounds point ``i``'s roofline: a level's transfers or a unit's compute."""
+        return self.labels[int(self._times[0][:, i].argmax())]
 
     @functools.cached_property
     def Hv(self) -> np.ndarray:
@@ -363,7 +401,10 @@ class Grid:
         return self.ev(self.c.transfers_bytes[self.level])
 
     def ev(self, expr) -> np.ndarray:
-        return evaluate_on(expr, self.sizes, self.axis_of, self.n)
+        return self._ev(expr).reshape(-1)
+
+    def _ev(self, expr) -> np.ndarray:
+        return evaluate_on(expr, self.sizes, self.axis_of, self.shape)
 
     def feasible(self, capacity: Mapping | None = None, launch: bool = True) -> np.ndarray:
         """Points that run.  Tiles nest; with ``launch`` and a profile that has a launch
@@ -415,7 +456,8 @@ class Grid:
         return int(pick[order[0]]), True
 
     def values(self, i: int) -> dict:
-        out = {t.name: int(round(self.flat[j][i])) for j, t in enumerate(self.free)}
+        at = np.unravel_index(int(i), self.shape) if self.free else ()
+        out = {t.name: int(self.cands[t.name][k]) for t, k in zip(self.free, at)}
         out.update({t.name: int(self.sizes[t.name]) for t in self.c.tiles if t.name in self.sizes})
         return out
 
@@ -453,7 +495,7 @@ def optimize_tiles(program, hardware=None, sizes: Mapping | None = None, dtype=N
     out = Tiles(values=g.values(best), objective=objective, level=level, feasible=feasible,
                 transfers=float(g.Hv[best]), transfers_bytes=float(g.Hb[best]),
                 memory_bytes={lv: float(g.mem[lv][best]) for lv in g.mem},
-                time_s=float(g.time[best]), bound_by=g.labels[int(g.which[best])],
+                time_s=float(g.time[best]), bound_by=g.bound_by(best),
                 capacity_values=(cap_level or math.inf) / reference_bytes(c), multiples=dict(g.mult),
                 candidates=dict(g.cands), evaluated=int(g.n),
                 launch=g.launches.at(best) if g.launches is not None else [],

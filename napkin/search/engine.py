@@ -337,7 +337,7 @@ class Evaluator:
             if feasible:  # (a program that does not fit has no time, nor traffic to price)
                 state.time_s = float(grid.time[best])
                 state.bytes = float(grid.Hb[best])
-                state.bound_by = grid.labels[int(grid.which[best])]
+                state.bound_by = grid.bound_by(best)
             state.tile_values = grid.values(best)
             state.best_point = int(best)
             state.min_memory = grid.shortfall(launch=self.objective == "time")
@@ -347,8 +347,7 @@ class Evaluator:
                 launches = grid.launches if self.objective == "time" else None
                 state.excess = (self.overflow(state.program, {**self.sizes, **state.tile_values})
                                 + (launches.excess if launches is not None else 0.0),
-                                sum(float(m.min()) for arrays in grid.mem_candidates.values()
-                                    for m in arrays))
+                                sum(m for least in grid.mem_least.values() for m in least))
         except Exception as e:  # noqa: BLE001 - a program that cannot be costed is not chosen
             state.error = _why(e)
             if state.unlowerable is None:

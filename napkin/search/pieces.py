@@ -77,20 +77,24 @@ def searched_in_pieces(start, ev, max_states: int, seconds: float, *, search, co
     if any(not b.dom.inside for b in _top(program)):
         return None  # a value made from no input (T5's bucket index): no kernel of its own
     runs = [r for r in cuts(program, ev) if len(r) > 1 or _reduces(program, r[0])]
-    share = seconds / max(len(runs), 1)
+    end = time.perf_counter() + seconds
     g = view(program)
     order = op_order(g)
     pieces = []
-    for run in runs:  # the pieces are cut from the start: their boxes are the start's own
+    for k, run in enumerate(runs):  # the pieces are cut from the start: their boxes are
+        # the start's own
         boxes = [g.nodes[order[i]]["box"] for i in run]
         sub = region_diagram(region(g, run))
         t0 = time.perf_counter()
+        share = max(end - t0, 0.0) / (len(runs) - k)  # what the pieces before left, shared
         try:  # a piece is small: its states, not the clock, bound it (the same answer on
             # a slow machine), the time share only as a backstop
             found = search(sub, min(max_states, STATES), share, t0)
         except NapkinError:
             continue
-        if found is not None and found.feasible and found.chain:
+        # (a piece's best that no backend writes — its search stopped before one — is left
+        # out: its boxes get kernels of their own rather than spoil the whole program)
+        if found is not None and found.feasible and found.chain and not found.unlowerable:
             pieces.append((sub, boxes, found.chain))
     if not pieces:
         return None
