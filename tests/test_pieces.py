@@ -68,6 +68,14 @@ def test_the_pieces_chains_replay_on_the_whole_block_as_one_chain():
     assert all(b.spec.kind in ("group", "stream") for b in top)  # every box in a kernel
     moves = [(m.rule, m.params_dict.get("axis")) for m in chain]
     assert ("stream_partition", "t_2") in moves  # the keys streamed: FlashAttention
+    # Q, K and V each scale x by the norm inside their GEMM: K's and V's norm boxes are one
+    # object twice (rules memoise by content), and K's chain once replayed on V's boxes
+    from napkin.core.ir import primitive_boxes
+    kernels = [[p.name for p in primitive_boxes(b)] for b in top]
+    fused = [k for k in kernels if k.count("mul") == 2 and any(
+        n == "Σ chunk" or n.startswith("contract->") and n.endswith("d,t_2") or n ==
+        "contract->hdt" for n in k)]
+    assert len(fused) == 3, kernels
     replayed = d  # one chain of rule applications on the whole algorithm: a certificate's
     for mv in chain:
         replayed = apply_move(replayed, mv)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections import Counter
 
 from napkin.core.errors import NapkinError
 from napkin.core.ir import ops as op_order, view
@@ -126,10 +127,15 @@ def _replay(program, sub, boxes, moves, apply):
     done, original = [], program
     for mv in moves:
         s_top, f_top = _top(sub), _top(program)
-        where = {id(b): i for i, b in enumerate(f_top)}
+        # rules memoise boxes by content, so one object may stand at several positions (the
+        # K and V projections of one x; a residual x + o read four times): the k-th place of
+        # an object in the piece is the k-th place of its counterpart in the program (the
+        # pieces replay in the start's order, an earlier copy's boxes first)
+        at_s, at_f = _places(s_top), _places(f_top)
         try:
-            at = [where[id(corr[id(s_top[i])])] for i in (mv.site.path[:1] or mv.site.ops)]
-        except KeyError:
+            at = [at_f[id(corr[id(s_top[i])])][at_s[id(s_top[i])].index(i)]
+                  for i in (mv.site.path[:1] or mv.site.ops)]
+        except (KeyError, IndexError):
             return original, []  # a box of the piece no longer at the top
         site = Site((at[0], *mv.site.path[1:]), mv.site.ops) if mv.site.path \
             else Site((), tuple(sorted(at)))
@@ -138,12 +144,34 @@ def _replay(program, sub, boxes, moves, apply):
             new_prog, new_sub = apply(program, moved), apply(sub, mv)
         except NapkinError:
             return original, []  # the whole program refuses it (a value read elsewhere)
-        old_s, old_f = {id(b) for b in s_top}, {id(b) for b in f_top}
-        made_s = [b for b in _top(new_sub) if id(b) not in old_s]
-        made_f = [b for b in _top(new_prog) if id(b) not in old_f]
+        made_s = _made(s_top, _top(new_sub), [s_top[i] for i in (mv.site.path[:1]
+                                                                 or mv.site.ops)])
+        made_f = _made(f_top, _top(new_prog), [f_top[i] for i in at])
         if len(made_s) != len(made_f):
             return original, []
         corr.update((id(s), f) for s, f in zip(made_s, made_f))
         program, sub = new_prog, new_sub
         done.append(moved)
     return program, done
+
+
+def _made(old: list, new: list, touched: list) -> list:
+    """The top-level boxes of ``new`` a move made, from ``old`` with ``touched`` rewritten
+    (counted per object: a made box may be an object already there, one equal by content)."""
+    left = Counter(map(id, old))
+    left.subtract(map(id, touched))
+    made = []
+    for b in new:
+        if left[id(b)] > 0:
+            left[id(b)] -= 1
+        else:
+            made.append(b)
+    return made
+
+
+def _places(top: list) -> dict:
+    """{id of a box object: its positions among ``top``, in order}."""
+    out: dict = {}
+    for i, b in enumerate(top):
+        out.setdefault(id(b), []).append(i)
+    return out
