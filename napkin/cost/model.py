@@ -291,9 +291,9 @@ def _lambdified(free: tuple, expr):
 
 def evaluate_on(expr, sizes: Mapping, axis_of: Mapping, n) -> np.ndarray:
     """``expr`` at every one of ``n`` tile points (a count, a grid's shape, or None: the
-    shape its terms broadcast to): sizes
-    substituted, each free tile taken from ``axis_of`` (its value at every point, or a
-    vector along its own dimension of the grid, which numpy broadcasts)."""
+    shape its terms broadcast to): sizes substituted, each free tile taken from ``axis_of``
+    (its value at every point, or a vector along its own dimension of the grid, which numpy
+    broadcasts)."""
     n = n if isinstance(n, tuple) or n is None else (n,)
     e = sym_subs(expr, sizes)
     missing = e.free_symbols - set(axis_of)
@@ -304,17 +304,16 @@ def evaluate_on(expr, sizes: Mapping, axis_of: Mapping, n) -> np.ndarray:
         return np.full(n or (), float(e))
     # term by term: a program's total is a sum over its kernels, and the search
     # meets the same kernels in state after state (each term compiled once)
-    # (terms of one shape are summed at that shape first: on a grid, a few tiles' own)
+    # (on a grid, each term on its own few tiles' dimensions, combined at the end)
     terms = e.args if isinstance(e, sympy.Add) else (e,)
-    parts: dict = {}
+    parts = []
     for term in terms:
         syms = tuple(sorted(term.free_symbols, key=str))  # its own: a key states share
-        at = np.asarray(_lambdified(syms, term)(*(axis_of[s] for s in syms)) if syms
-                        else float(term), dtype=float)
-        parts[at.shape] = parts.get(at.shape, 0.0) + at
+        parts.append(np.asarray(_lambdified(syms, term)(*(axis_of[s] for s in syms)) if syms
+                                else float(term), dtype=float))
     if n is None:  # at the shape its terms broadcast to (a grid's few dimensions)
-        return sum(parts.values(), np.zeros(()))
-    return combined(parts.values(), n, np.add, 0.0)
+        return sum(parts, np.zeros(()))
+    return combined(parts, n)
 
 
 def combined(parts, shape: tuple, op=np.add, start=0.0) -> np.ndarray:

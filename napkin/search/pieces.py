@@ -132,9 +132,9 @@ def _replay(program, sub, boxes, moves, apply):
         # an object in the piece is the k-th place of its counterpart in the program (the
         # pieces replay in the start's order, an earlier copy's boxes first)
         at_s, at_f = _places(s_top), _places(f_top)
+        touched = mv.site.path[:1] or mv.site.ops
         try:
-            at = [at_f[id(corr[id(s_top[i])])][at_s[id(s_top[i])].index(i)]
-                  for i in (mv.site.path[:1] or mv.site.ops)]
+            at = [at_f[id(corr[id(s_top[i])])][at_s[id(s_top[i])].index(i)] for i in touched]
         except (KeyError, IndexError):
             return original, []  # a box of the piece no longer at the top
         site = Site((at[0], *mv.site.path[1:]), mv.site.ops) if mv.site.path \
@@ -144,8 +144,7 @@ def _replay(program, sub, boxes, moves, apply):
             new_prog, new_sub = apply(program, moved), apply(sub, mv)
         except NapkinError:
             return original, []  # the whole program refuses it (a value read elsewhere)
-        made_s = _made(s_top, _top(new_sub), [s_top[i] for i in (mv.site.path[:1]
-                                                                 or mv.site.ops)])
+        made_s = _made(s_top, _top(new_sub), [s_top[i] for i in touched])
         made_f = _made(f_top, _top(new_prog), [f_top[i] for i in at])
         if len(made_s) != len(made_f):
             return original, []
