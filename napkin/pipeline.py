@@ -414,6 +414,14 @@ def sizes_for(diagram, given: dict, option: str = "sizes") -> dict:
             ask = f"--size {n}=N" if option == "--size" else f"{option}={{{n!r}: N}}"
             raise NapkinError(f"no size for axis {n}: give {ask}")
     unknown = sorted(set(given) - set(need))
+    parts = getattr(getattr(diagram, "boundary", None), "parts", {})
+    merged = [a for a in unknown if a in parts]
+    if merged:  # jnp.repeat / a head split: the diagram has the merged axis's parts
+        a = merged[0]
+        raise NapkinError(f"{option} names {a}, which the function merges from axes "
+                          f"{' × '.join(parts[a])} (the diagram has those): size "
+                          f"{' and '.join(p for p in parts[a] if p in need) or 'none of them'}"
+                          f" instead (a part the function sizes itself is fixed)")
     if unknown:
         raise NapkinError(f"{option} names {', '.join(unknown)}, which the algorithm does not "
                           f"have (its axes: {', '.join(need)})")

@@ -388,8 +388,6 @@ def test_an_embedding_lookup_is_a_take_with_the_index_axis(rng):
 
 
 @pytest.mark.parametrize("fn,axes,match", [
-    (lambda x: x.reshape(-1), ["q d"], r"reshape from \(q, d\) to \(d\*q,\) .* merges or "
-                                       r"splits dimensions"),
     (lambda x: x * jnp.array([1.0, 2.0, 3.0, 4.0]), ["q d"], "closes over an array constant"),
     (lambda x: jax.scipy.special.erf(x), ["q d"], "primitive erf .* only inside gelu"),
     (lambda x: jnp.zeros(3), ["q d"], "size 3 made by broadcast_in_dim .* none of the "
@@ -834,17 +832,97 @@ def test_a_slice_of_a_named_axis_says_what_to_write():
 
 
 
-def test_repeats_and_head_splits_say_what_to_write():
-    def gqa_repeat(q, k):  # q[h, q, d], k[g, x, d]
-        k = jnp.repeat(k, q.shape[0] // k.shape[0], axis=0)
-        return jnp.einsum("hqd,hxd->hqx", q, k)
+# ------------------------------------------------------------ merged and split axes
+def _gqa_repeat(q, k, v):  # q[h, q, d], k and v [g, x, d]: each KV head read by h/g heads
+    r = q.shape[0] // k.shape[0]
+    k, v = jnp.repeat(k, r, axis=0), jnp.repeat(v, r, axis=0)
+    s = jnp.einsum("hqd,hxd->hqx", q, k) / math.sqrt(q.shape[-1])
+    return jnp.einsum("hqx,hxd->hqd", jax.nn.softmax(s, axis=-1), v)
 
-    def heads(x, w):  # x[s, e] @ w[e, h·d], then split into heads
-        return (x @ w).reshape(x.shape[0], 4, -1).sum(-1)
-    with pytest.raises(nk.NapkinError, match=r"reshape .* jnp.repeat / jnp.tile .* "
-                                             r"q\[g, r, q, d\]") as e:
-        nk.from_jax(gqa_repeat, f32(8, 4, 16), f32(2, 6, 16), axes=["h q d", "g x d"])
+
+def _heads(x, wq, wk, wv, wo):  # x[t, e], w[e, f] with f = 4 heads · d, o @ wo[f, e]
+    t = x.shape[0]
+    q, k, v = ((x @ w).reshape(t, 4, -1) for w in (wq, wk, wv))
+    s = jnp.einsum("qhd,khd->hqk", q, k) / jnp.sqrt(q.shape[-1])
+    s = jnp.where(jnp.arange(t)[:, None] >= jnp.arange(t)[None, :], s, -1e30)
+    return x + jnp.einsum("hqk,khd->qhd", jax.nn.softmax(s, -1), v).reshape(t, -1) @ wo
+
+
+def _f64(diagram, fn, *arrays, rtol=1e-10):
+    """The diagram, fed fn's arguments through its boundary, equals fn in float64."""
+    from napkin.frontend.jaxpr import inputs_of, outputs_of
+    with jax.enable_x64(True):
+        got = outputs_of(diagram, jax.jit(nk.evaluate(diagram))(*inputs_of(diagram, arrays)))
+        want = fn(*arrays)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=rtol, atol=1e-12)
+
+
+def test_gqa_by_jnp_repeat_reads_the_heads_as_kv_head_times_copy(rng):
+    d = nk.from_jax(_gqa_repeat, f32(8, 5, 16), f32(2, 7, 16), f32(2, 7, 16),
+                    axes=["h q d", "g x d", "g x d"])
+    # h = (g, h_1): query head h reads KV head h // 4, as the library's GQA (r = h_1)
+    assert [(ob.name, ob.type.names) for ob in d.dom.inside] == \
+        [("q", ("g", "h_1", "q", "d")), ("k", ("g", "x", "d")), ("v", ("g", "x", "d"))]
+    assert d.sizes == {"q": 5, "d": 16, "g": 2, "x": 7}  # h_1 = 4 is fn's own: fixed
+    for g, q, x in ((2, 5, 7), (3, 9, 4), (1, 1, 3)):  # other sizes than traced, h = 4g
+        _f64(d, _gqa_repeat, rng.standard_normal((4 * g, q, 16)),
+             *(rng.standard_normal((g, x, 16)) for _ in range(2)))
+    with pytest.raises(nk.NapkinError, match=r"names h, which the function merges from axes "
+                                             r"g × h_1 .* size g instead"):
+        nk.optimize(d, sizes={"h": 32})
+    opt = nk.optimize(d, sizes={"g": 2, "q": 512, "x": 1024, "d": 64}, dtype="f32")
+    assert ("stream_partition", "x") in [(m.rule, m.params_dict.get("axis")) for m in opt.chain]
+    k = opt.fit({"g": 3, "q": 13, "x": 21, "d": 16}).kernel("triton", interpret=True)
+    q, kv = rng.standard_normal((12, 13, 16)), rng.standard_normal((2, 3, 21, 16))
+    args32 = [np.float32(a) for a in (q, *kv)]
+    with jax.enable_x64(True):
+        want = _gqa_repeat(q, *kv)
+        dwant = jax.grad(lambda *a: jnp.sum(jnp.tanh(_gqa_repeat(*a))), (0, 1, 2))(q, *kv)
+    got = k(*args32)  # the caller's Q[h, q, d]: split at the boundary, merged back
+    assert got.shape == (12, 13, 16)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-6)
+    dgot = jax.grad(lambda *a: jnp.sum(jnp.tanh(k(*a))), (0, 1, 2))(*args32)
+    for g, w in zip(dgot, dwant):  # dK, dV sum over each KV head's copies
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-5)
+    with pytest.raises(nk.ShapeError, match=r"argument q: a dimension of size 10 .* must be "
+                                            r"a multiple of 4"):
+        k(np.zeros((10, 13, 16), np.float32), *args32[1:])
+
+
+def test_jnp_tile_and_a_merge_into_an_output_are_products_of_axes(rng):
+    tiled = lambda q, k: jnp.einsum("hqd,hxd->hqx", q, jnp.tile(k, (3, 1, 1)))  # noqa: E731
+    d = nk.from_jax(tiled, f32(6, 5, 4), f32(2, 7, 4), axes=["h q d", "g x d"])
+    assert d.dom.inside[0].type.names == ("h_0", "g", "q", "d")  # h = (copy, g): h % g
+    _f64(d, tiled, rng.standard_normal((6, 5, 4)), rng.standard_normal((2, 7, 4)))
+    flat = nk.from_jax(lambda x: jnp.exp(x).reshape(-1), f32(8, 4), axes=["q d"])
+    assert flat.cod.inside[0].type.names == ("q", "d")
+    _f64(flat, lambda x: jnp.exp(x).reshape(-1), rng.standard_normal((3, 5)))
+
+
+def test_a_head_split_reads_the_projection_as_heads_and_head_dims(rng):
+    F = lambda *s: S(s, jnp.float32)  # noqa: E731
+    d = nk.from_jax(_heads, F(12, 16), *[F(16, 32)] * 3, F(32, 16),
+                    axes=["t e", "e f", "e f", "e f", "f e"])
+    # f = (f_0, f_1): 4 heads of 8 (fn's numbers); V's head dimension is an axis of its own
+    assert [ob.type.names for ob in d.dom.inside][1:5] == \
+        [("e", "f_0", "f_1"), ("e", "f_0", "f_1"), ("e", "f_0", "f_1_2"), ("f_0", "f_1_2", "e")]
+    assert "softmax_t_2" in str(d) and "causal" in str(d)
+    xs = [rng.standard_normal((9, 16)), *(0.3 * rng.standard_normal((16, 32)) for _ in range(3)),
+          0.3 * rng.standard_normal((32, 16))]
+    _f64(d, _heads, *xs)
+
+
+def test_regroupings_that_are_not_products_of_axes_are_one_line():
+    with pytest.raises(nk.NapkinError, match=r"reshape from \(a, b\) to \(4, 6\) .* regroups "
+                                             r"dimensions napkin cannot read as products") as e:
+        nk.from_jax(lambda x: x.reshape(4, 6), f32(6, 4), axes=["a b"])
     _one_line(e)
-    with pytest.raises(nk.NapkinError, match=r"reshape .* a head split: .* w\[e, h, d\]") as e:
-        nk.from_jax(heads, f32(5, 6), f32(6, 8), axes=["s e", "e n"])
+    with pytest.raises(nk.NapkinError, match=r"turns dimensions \(4, 6\) into \(2, 12\): "
+                                             r"neither a merge nor a split") as e:
+        nk.from_jax(lambda x: x.reshape(2, -1) * math.sqrt(x.shape[0]), f32(4, 6),
+                    axes=["a b"])  # read at fixed sizes
+    _one_line(e)
+    with pytest.raises(nk.NapkinError,
+                       match=r"jnp.arange over a merged axis \(q × d, at .*test_from_jax") as e:
+        nk.from_jax(lambda x: x.reshape(-1) * jnp.arange(x.size), f32(8, 4), axes=["q d"])
     _one_line(e)

@@ -51,7 +51,7 @@ def differentiable(forward, algorithm, saving_kernel, backward_kernel):
 
     kernel.defvjp(kernel_fwd, kernel_bwd)
     return Differentiable(forward, kernel, [ob.name for ob in algorithm.dom.inside], ins,
-                          getattr(algorithm, "arguments", None))
+                          getattr(algorithm, "boundary", None))
 
 
 def handed_back(out, xs, dtypes):
@@ -78,27 +78,29 @@ class Differentiable:
     in one launch (``napkin.lower.call``: (B, H, S, D) for attention's Q[q, d]).  A call
     with ``interpret=`` runs the forward kernel as it is (no derivative).  Floating inputs of
     another dtype than the kernel's are cast in, and its results handed back in theirs.
-    ``arguments``: (the function's argument names, per input the argument it is) where an
-    imported function reads an argument twice (self-attention from one x: the kernel takes
-    x once and passes it as both inputs; jax.grad sums the two cotangents)."""
+    ``boundary``: where an imported function's arguments are not the diagram's inputs as
+    they are (napkin.frontend.jaxpr.boundary): an argument read twice (self-attention from
+    one x: the kernel takes x once and passes it as both inputs; jax.grad sums the two
+    cotangents), a dimension the function merges or splits (GQA by jnp.repeat: Q[h, q, d]
+    passed as Q[g, h_1, q, d], results merged back)."""
 
-    def __init__(self, forward, fn, names, types, arguments=None):
+    def __init__(self, forward, fn, names, types, boundary=None):
         self.forward, self._fn = forward, fn
         self.names, self.types = list(names), list(types)
-        self.arguments = arguments
+        self.boundary = boundary
 
     def __call__(self, *arrays, interpret=None, **by_name):
         from napkin.lower.call import bind, call_batched
-        if self.arguments is None:
+        if self.boundary is None:
             xs = bind(self.forward.name, self.names, arrays, by_name)
         else:
-            given, sources = self.arguments
-            got = bind(self.forward.name, given, arrays, by_name)
-            xs = [got[i] for i in sources]
+            xs = self.boundary.inputs(bind(self.forward.name, self.boundary.argnames,
+                                           arrays, by_name))
         fn = self._fn if interpret is None else \
             (lambda *a: self.forward(*a, interpret=interpret))
         out = call_batched(fn, self.forward.name, self.names, self.types, xs)
-        return handed_back(out, xs, self.forward.dtypes())
+        out = handed_back(out, xs, self.forward.dtypes())
+        return out if self.boundary is None else self.boundary.outputs(out)
 
     def __getattr__(self, name):
         return getattr(self.forward, name)

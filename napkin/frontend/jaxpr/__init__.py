@@ -29,7 +29,7 @@ every pattern read back only where it provably means the same.  The modules, in 
   batch dimensions, broadcast_in_dim's mapped dimensions, ...); the arguments' axes come
   from ``axes=`` or, without it, from sizes (``n4096``: one axis per distinct size; two
   different axes of one size are an error asking for ``axes=``).  A dimension of size 1 is
-  *no* axis: napkin broadcasts by name, so ``broadcast_in_dim``, ``reshape``,
+  *no* axis: napkin broadcasts by name, so ``broadcast_in_dim``, ``reshape``, ``tile``,
   ``expand_dims``, ``squeeze`` and ``transpose`` are wiring, not boxes.
 * **Primitives** (:mod:`.graph`).  ``stop_gradient`` is the identity; the rest map to
   napkin primitives one by one, a literal operand to the constant forms (``scale``,
@@ -50,7 +50,12 @@ every pattern read back only where it provably means the same.  The modules, in 
   tiles); any other mask stays positions / compare / where, correct but not skipped.
 * **Anything else** is one line naming the primitive and the user's source line: a
   cumsum, a sort, a gather other than take_along_axis's, a take_along_axis with
-  ``mode="clip"``, a reshape that merges axes, a dtype napkin lacks (uint8, int16, ...).
+  ``mode="clip"``, a reshape that regroups dimensions without merging or splitting axes, a
+  dtype napkin lacks (uint8, int16, ...).
+* **Merged and split axes** (:mod:`.naming`, :mod:`.boundary`): a dimension fn merges from
+  others or splits into others (``jnp.repeat`` / ``jnp.tile`` of K over heads, a head split
+  (t, h·d) -> (t, h, d)) is the axes it is the product of, outer first; an argument's such
+  dimension is split, an output's merged back, at the kernel's boundary.
 * **An argument read twice** (:mod:`.renaming`): where an axis t meets itself (``x @ x.T``,
   self-attention from one x), the operand bringing the second dimension is read over a
   second axis t_2 from a copy of the argument; ``diagram.arguments`` says which argument
@@ -66,6 +71,7 @@ the diagram's inputs (marked "1" in ``axes``) and outputs.
 """
 from __future__ import annotations
 
+from napkin.frontend.jaxpr.boundary import boundary
 from napkin.frontend.jaxpr.emit import emit
 from napkin.frontend.jaxpr.graph import Graph, Uses
 from napkin.frontend.jaxpr.naming import Clash, Naming, arg_names, axis_names, struct
@@ -74,13 +80,20 @@ from napkin.frontend.jaxpr.renaming import Renaming
 from napkin.frontend.jaxpr.tracing import dce, read_size_constants, trace
 from napkin.frontend.jaxpr.vocabulary import fail
 
-__all__ = ["from_jax", "inputs_of"]
+__all__ = ["from_jax", "inputs_of", "outputs_of"]
 
 
 def inputs_of(diagram, args):
-    """The diagram's inputs from ``fn``'s arguments (an argument read twice is passed twice)."""
-    arguments = getattr(diagram, "arguments", None)
-    return list(args) if arguments is None else [args[i] for i in arguments[1]]
+    """The diagram's inputs from ``fn``'s arguments (an argument read twice is passed twice,
+    a dimension fn merges or splits is passed as its axes: :mod:`.boundary`)."""
+    b = getattr(diagram, "boundary", None)
+    return list(args) if b is None else b.inputs(args)
+
+
+def outputs_of(diagram, outs):
+    """``fn``'s results from the diagram's outputs (a merged dimension merged back)."""
+    b = getattr(diagram, "boundary", None)
+    return outs if b is None else b.outputs(outs)
 
 
 def from_jax(fn, *args, axes=None, name: str | None = None):
@@ -117,7 +130,10 @@ def from_jax(fn, *args, axes=None, name: str | None = None):
     argnames = twice.argnames
     if traced.mode == "concrete":  # sizes the function read as numbers: back to symbols
         original = lambda v: tuple(twice.aliases.get(a, a) for a in naming.dims(v))  # noqa: E731
-        read_size_constants(fn, structs, traced, original, {id(e) for e in eqns}, label)
+        products = {traced.per[i][j]: d for i, v in enumerate(traced.invars[:len(structs)])
+                    for j, d in enumerate(naming.dims(v)) if isinstance(d, tuple)}
+        read_size_constants(fn, structs, traced, original, {id(e) for e in eqns}, label,
+                            products, naming.new_axes)
     graph = Graph(naming, traced)
     outs = graph.build(eqns, traced.invars, traced.outvars)
     recognise(graph, outs)
@@ -136,6 +152,7 @@ def from_jax(fn, *args, axes=None, name: str | None = None):
     diagram.arguments = (list(argnames[:len(structs)]), twice.sources) if twice.read_twice \
         else None
     diagram.aliases = {a: b for a, b in twice.aliases.items() if a in diagram.sizes}
+    diagram.boundary = boundary(naming, traced, argnames, twice.sources, traced.outvars)
     if traced.stand_ins:
         _same_at_the_given_sizes(fn, structs, diagram, traced.stand_ins)
     return diagram
@@ -152,7 +169,7 @@ def _same_at_the_given_sizes(fn, structs, diagram, stand_ins):
           for s in structs]
     try:
         want = fn(*xs)
-        got = evaluate(diagram, dict(diagram.sizes))(*inputs_of(diagram, xs))
+        got = outputs_of(diagram, evaluate(diagram, dict(diagram.sizes))(*inputs_of(diagram, xs)))
     except Exception as e:  # noqa: BLE001
         fail(f"axis {', '.join(stand_ins)} has size 1 and fn was read at another size; at "
              f"size 1 it does not run as read ({type(e).__name__}): give it another size")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from napkin.core.arrays import ArrayType, Axis
 from napkin.frontend.jaxpr.graph import C, Graph, Node, Uses
+from napkin.frontend.jaxpr.naming import flat
 from napkin.frontend.jaxpr.vocabulary import PATTERN_ONLY, SUPPORTED, fail
 from napkin.core.primitives import (Cast, Compare, Contract, Fill, Map, Mask, Positions, Reduce,
                                Softmax, TakeAlong, Where, Zip)
@@ -21,12 +22,15 @@ def emit(graph: Graph, outs, invars, naming, argnames, label):
                  f"argument; napkin diagrams compute their outputs from their inputs")
     uses = Uses(graph, outs)
     for o in outs:  # a contraction only returned: give it the output's axis order itself
-        n, want = o.node, tuple(a for a in o.dims if a)
+        n, want = o.node, tuple(flat(o.dims))
         if n.op == "contract" and uses.get(id(n)) == 1 and set(n.p["out"]) == set(want):
             n.p["out"] = want
+    def axis(a):  # a part napkin named itself has the fixed size it has in fn
+        return Axis(a, naming.new_axes.get(a, a))
+
     pairs = []
     for i, v in enumerate(invars):
-        axes = tuple(Axis(a, a) for a in naming.dims(v) if a)
+        axes = tuple(axis(a) for a in flat(naming.dims(v)))
         pairs.append((argnames[i], ArrayType(axes, graph.inputs[i].dtype)))
 
     def body(*args):
@@ -36,10 +40,10 @@ def emit(graph: Graph, outs, invars, naming, argnames, label):
         results = []
         for o in outs:
             v = vals[id(o.node)]
-            want = [a for a in o.dims if a]
+            want = flat(o.dims)
             missing = [a for a in want if not v.type.has(a)]
             if missing:  # broadcast along axes the value lacks: materialise them
-                t = ArrayType(tuple(Axis(a, a) for a in missing), v.type.dtype)
+                t = ArrayType(tuple(axis(a) for a in missing), v.type.dtype)
                 v = ops.apply(Zip("add"), v, ops.apply(Fill(0.0, t))[0])[0]
             if list(v.type.names) != want:
                 v = ops.apply(Contract(tuple(want)), v)[0]

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import sympy
 
 from napkin.frontend.jaxpr.constants import closed, convert, fold, fold2, number, python, reciprocal
-from napkin.frontend.jaxpr.naming import Naming
+from napkin.frontend.jaxpr.naming import Naming, flat
 from napkin.frontend.jaxpr.tracing import Lit, Traced, Var
 from napkin.frontend.jaxpr.vocabulary import (BINARY, COMPARE, FLOAT, IDENTITY, LOGIC, REDUCE, UNARY,
                                      WIRING, fail, gather_mode, napkin_dtype, take_along,
@@ -104,7 +104,8 @@ class Graph:
         return n
 
     def size(self, name):
-        return self.t.symbols[name]
+        new = self.naming.new_axes.get(name)
+        return self.t.symbols[name] if new is None else sympy.Integer(new)
 
     # -- building
     def build(self, eqns, invars, outvars):
@@ -112,7 +113,7 @@ class Graph:
         env = {}
         for i, v in enumerate(invars):
             dims = self.naming.dims(v)
-            n = self.node("input", [], {"index": i}, [d for d in dims if d],
+            n = self.node("input", [], {"index": i}, flat(dims),
                           napkin_dtype(v.dtype, f"argument {i}"))
             self.inputs.append(n)
             env[v.id] = A(n, dims)
@@ -305,7 +306,7 @@ class Graph:
 
     def reduce(self, fn, x, e, dt, src):
         dims = self.naming.dims(e.ins[0]) if isinstance(e.ins[0], Var) else ()
-        names = [dims[j] if dims else None for j in e.params["axes"]]
+        names = flat(dims[j] for j in e.params["axes"]) if dims else []
         if isinstance(x, C):  # a constant summed over axes: times their sizes
             v = x.value
             for a in names:
@@ -336,14 +337,13 @@ class Graph:
             fail(f"dot_general with a constant operand ({src}) has no napkin primitive")
         (lc, _), _ = e.params["dimension_numbers"]
         present = _union(lhs.node.axes, rhs.node.axes)
-        out = tuple(n for n in self.naming.dims(e.outs[0]) if n and n in present)
+        out = tuple(n for n in flat(self.naming.dims(e.outs[0])) if n in present)
         # dt is the result's (preferred_element_type): emission casts where napkin's
         # promotion gives another
         n = self.node("contract", [lhs.node, rhs.node], {"out": out}, out, dt, src)
         ldims = self.naming.dims(e.ins[0])
-        for i in lc:  # a contracted axis both operands are broadcast along: |axis| times
-            a = ldims[i]
-            if a and a not in present:
+        for a in flat(ldims[i] for i in lc):  # an axis both operands are broadcast along
+            if a not in present:              # is |a| times the sum
                 n = self.map("scale", n, dt, src, self.size(a))
         return A(n, ())
 
@@ -351,6 +351,9 @@ class Graph:
         a = self.naming.dims(e.outs[0])[e.params["dimension"]]
         if a is None:
             return C(0, dt)
+        if isinstance(a, tuple):
+            fail(f"jnp.arange over a merged axis ({' × '.join(a)}, {src}) has no napkin "
+                 f"primitive; give positions over each axis apart")
         return A(self.node("positions", [], {"axis": a}, (a,), dt, src), ())
 
     def gather(self, vals, e, dt, src):
@@ -369,6 +372,8 @@ class Graph:
         if mode == "clip":
             unsupported(e, "take_along_axis with mode='clip'")
         a = self.naming.dims(e.ins[0])[j]
+        if isinstance(a, tuple):
+            unsupported(e, f"take_along_axis along a merged axis ({' × '.join(a)})")
         if a not in x.node.axes:  # x is one value along a: it, where the index is in range
             if mode != "promise":
                 unsupported(e, f"take_along_axis along {a}, of an array broadcast along it,")

@@ -1,7 +1,9 @@
 """Axes: the ``axes=`` argument read, and every jaxpr dimension given an axis by
 unification along the data flow (elementwise operands, dot_general's contracting and batch
 dimensions, broadcast_in_dim's mapped dimensions, ...).  A dimension of size 1 is no axis:
-napkin broadcasts by name."""
+napkin broadcasts by name.  A dimension a reshape merges from others or splits into others
+(or jnp.tile makes of copies) is the product of their axes: its class keeps its parts
+(``factors``), unified part by part wherever two such dimensions meet."""
 from __future__ import annotations
 
 import inspect
@@ -116,6 +118,9 @@ def axis_names(axes, structs, argnames):
 
 
 # -------------------------------------------------------------- unification
+_KEEP_APART = ("keep each axis its own dimension (return the array with its axes apart and "
+               "reshape it outside fn)")
+
 class Clash(Exception):
     """Axis ``axis`` meets itself at ``eqn`` (``x @ x.T``, ``i >= j`` of two aranges of one
     length): its operand ``var`` is to be read under a second axis (renaming.py)."""
@@ -138,6 +143,14 @@ class Naming:
         self.label: dict = {}        # root -> (axis name, where it was named)
         self.inputs: dict = {}       # root -> [(argument, dimension)] (sizes mode)
         self._dims: dict = {}
+        # a dimension that is the product of others (a reshape that splits or merges it,
+        # jnp.repeat, jnp.tile): root -> its parts' slots, outer first; a part's axis is
+        # named by its own class or after the dimension it is part of (``h_1``)
+        self.factors: dict = {}
+        self.part_of: dict = {}      # part slot -> (slot of the product, its place)
+        self.virtual: dict = {}      # a part no variable has (tile's copies) -> its size
+        self.new_axes: dict = {}     # a part's generated axis name -> its int size
+        self._generated: dict = {}   # root -> generated name
 
     # -- union-find over slots (var id, dimension)
     def find(self, k):
@@ -166,6 +179,35 @@ class Naming:
         if lb and not la:
             self.label[ra] = lb
         self.inputs.setdefault(ra, []).extend(self.inputs.pop(rb, []))
+        parts = self.factors.pop(rb, None)
+        if parts is not None:
+            self._factor(ra, parts, eqn)
+
+    # -- dimensions that are products of others
+    def size_of(self, k):
+        """The size of slot ``k``."""
+        return self.virtual[k] if k in self.virtual else self.vars[k[0]].shape[k[1]]
+
+    def factor(self, k, parts, eqn):
+        """Slot ``k`` is the product of the slots ``parts`` (outer first)."""
+        if k is None:
+            return
+        for i, q in enumerate(parts):
+            self.part_of.setdefault(q, (k, i))
+        self._factor(self.find(k), list(parts), eqn)
+
+    def _factor(self, r, parts, eqn):
+        old = self.factors.get(r)
+        if old is None:
+            self.factors[r] = parts
+            return
+        sizes = [self.size_of(q) for q in old], [self.size_of(q) for q in parts]
+        if sizes[0] != sizes[1]:
+            fail(f"fn splits one axis into parts of sizes {tuple(sizes[0])} and of sizes "
+                 f"{tuple(sizes[1])} ({eqn.where()}); napkin reads a merged axis as its "
+                 f"parts, one way")
+        for a, b in zip(old, parts):
+            self.union(a, b, eqn)
 
     def _copy_meets_original(self, a, b, la, lb, eqn):
         """An axis's second copy unified with the axis itself: the operand of ``eqn`` on the
@@ -245,7 +287,7 @@ class Naming:
                      f"the axes with axes= (one string of names per argument, e.g. \"q d\")")
 
     def _check_distinct(self, v, e):
-        dims = [n for n in self.dims(v) if n]
+        dims = flat(self.dims(v))
         for n in dims:
             if dims.count(n) > 1:
                 second = self._second_source(v, e, n)
@@ -263,6 +305,8 @@ class Naming:
         dimension and not the earlier one (arange(t)[:, None] >= arange(t)[None, :]) — or
         None."""
         full = self.dims(v)
+        if n not in full:  # a part of a merged dimension: no second reading
+            return None
         first, last = full.index(n), len(full) - 1 - full[::-1].index(n)
         if e.prim == "dot_general" and v is e.outs[0] and len(e.ins) == 2:
             (lc, rc), (lb, _) = e.params["dimension_numbers"]
@@ -292,15 +336,37 @@ class Naming:
             for j, k in enumerate(e.params["broadcast_dimensions"]):
                 u(s(a, j), s(o, k), e)
         elif p in ("reshape", "squeeze", "expand_dims") and vs:
+            # a merge of dimensions is one dimension whose axis is their product, a split
+            # the converse (jnp.repeat's broadcast-then-merge, a head split (s, h·d) ->
+            # (s, h, d)): the merged dimension is read as its parts, each an axis
             a, o = ins[0], outs[0]
             ka = [j for j in range(len(a.shape)) if not unit(a.shape[j])]
             ko = [j for j in range(len(o.shape)) if not unit(o.shape[j])]
-            if [a.shape[j] for j in ka] != [o.shape[j] for j in ko]:
-                fail(f"{p} from {tuple(a.shape)} to {tuple(o.shape)} ({e.src}) merges or "
-                     f"splits dimensions; napkin arrays have named axes: keep each axis "
-                     f"its own dimension — {_reshape_advice(a, o)}")
-            for j, k in zip(ka, ko):
-                u(s(a, j), s(o, k), e)
+            groups = _regrouping([a.shape[j] for j in ka], [o.shape[j] for j in ko])
+            if groups is None:
+                fail(f"{p} from {tuple(a.shape)} to {tuple(o.shape)} ({e.src}) regroups "
+                     f"dimensions napkin cannot read as products of axes; {_KEEP_APART}")
+            for ia, io in groups:
+                if len(ia) == 1 and len(io) == 1:
+                    u(s(a, ka[ia[0]]), s(o, ko[io[0]]), e)
+                elif len(ia) == 1:
+                    self.factor(s(a, ka[ia[0]]), [s(o, ko[k]) for k in io], e)
+                elif len(io) == 1:
+                    self.factor(s(o, ko[io[0]]), [s(a, ka[k]) for k in ia], e)
+                else:
+                    fail(f"{p} from {tuple(a.shape)} to {tuple(o.shape)} ({e.src}) turns "
+                         f"dimensions {tuple(a.shape[ka[k]] for k in ia)} into "
+                         f"{tuple(o.shape[ko[k]] for k in io)}: neither a merge nor a split "
+                         f"of axes; {_KEEP_APART}")
+        elif p == "tile" and vs:  # jnp.tile: a dimension of n copies is (copy, the axis)
+            a, o = ins[0], outs[0]
+            for j, rep in enumerate(e.params["reps"]):
+                if rep == 1:
+                    u(s(a, j), s(o, j), e)
+                elif not unit(a.shape[j]):
+                    copy = ("tile", id(e), j)
+                    self.virtual[copy] = rep
+                    self.factor(s(o, j), [copy, s(a, j)], e)
         elif p == "transpose" and vs:
             a, o = ins[0], outs[0]
             for i, j in enumerate(e.params["permutation"]):
@@ -355,6 +421,9 @@ class Naming:
         lab = self.label.get(r)
         if lab:
             return lab[0]
+        part = self._part_name(r)
+        if part:
+            return part
         if self.names is None and self.t.mode == "concrete":
             if isinstance(d, int) and d in set(self.t.sizes.values()):
                 return f"n{d}"
@@ -376,22 +445,82 @@ class Naming:
              f"e.g. jnp.arange(q.shape[0]))")
 
     def dims(self, v) -> tuple:
-        """The axis of each of ``v``'s dimensions (None: a unit dimension)."""
+        """The axis of each of ``v``'s dimensions (None: a unit dimension; a tuple of axes,
+        outer first: a dimension that is their product)."""
         if v.id not in self._dims:
-            self._dims[v.id] = tuple(self.name(v, j) for j in range(len(v.shape)))
+            self._dims[v.id] = tuple(None if unit(v.shape[j]) else self._entry((v.id, j))
+                                     for j in range(len(v.shape)))
         return self._dims[v.id]
 
+    def _entry(self, k):
+        """Slot ``k``'s axis, or the tuple of its parts' axes."""
+        parts = self.factors.get(self.find(k))
+        if parts is None:
+            if k in self.virtual:
+                return self.label.get(self.find(k), (None,))[0] or self._part_name(self.find(k))
+            return self.name(self.vars[k[0]], k[1])
+        return tuple(flat(self._entry(q) for q in parts))
 
-def _reshape_advice(a, o) -> str:
-    """What to write instead of a reshape that merges or splits dimensions."""
-    made = a.eqn
-    if len(o.shape) < len(a.shape) and made is not None and made.prim == "broadcast_in_dim" \
-            and len(made.outs[0].shape) > len(made.ins[0].shape):
-        return ("this is jnp.repeat / jnp.tile (a broadcast, then a merge): give the "
-                "grouped operand its group axis and the other its groups as two axes, e.g. "
-                "q[g, r, q, d] against k[g, x, d], jnp.einsum('grqd,gxd->grqx', q, k), "
-                "and reshape q outside fn")
-    if len(o.shape) > len(a.shape):
-        return ("a head split: give the weights a head axis, w[e, h, d], and project with "
-                "jnp.einsum('se,ehd->shd', x, w) (reshape the weights outside fn)")
-    return "return the array with its axes apart and merge them outside fn"
+    def _part_name(self, r):
+        """The axis of the class ``r`` where it is a part of a merged dimension and nothing
+        else names it: ``<the merged axis>_<its place>`` (h = (g, h_1): jnp.repeat's copies),
+        of the int size it has in fn."""
+        if r in self._generated:
+            return self._generated[r]
+        found = next(((m, i) for q, (m, i) in self.part_of.items() if self.find(q) == r), None)
+        if found is None:
+            return None
+        m, i = found
+        whole = self.label.get(self.find(m), (None,))[0] or self._part_name(self.find(m)) or "ax"
+        size = self.size_of(next(q for q in self.part_of if self.find(q) == r))
+        if not isinstance(size, (int, np.integer)):
+            fail(f"fn splits axis {whole} into parts, one of size {size}: a part napkin names "
+                 f"itself must have a fixed size (give its size as a number)")
+        taken = set(self.t.sizes) | {lab[0] for lab in self.label.values()} | \
+            set(self.new_axes) | set(self.aliases)
+        name, n = f"{whole}_{i}", 2
+        while name in taken:
+            name, n = f"{whole}_{i}_{n}", n + 1
+        self._generated[r] = name
+        self.new_axes[name] = int(size)
+        return name
+
+
+def flat(entries) -> list:
+    """The axis names of ``entries`` (a variable's dims): units left out, parts spread."""
+    out = []
+    for e in entries:
+        if isinstance(e, tuple):
+            out.extend(e)
+        elif e:
+            out.append(e)
+    return out
+
+
+def _regrouping(a: list, b: list):
+    """The dimensions ``a`` and ``b`` (sizes, ints or sympy) of a reshape in groups of equal
+    product, in order: [(indices into a, indices into b)], or None where they do not line
+    up."""
+    groups, i, j = [], 0, 0
+    while i < len(a) and j < len(b):
+        ga, gb, pa, pb = [i], [j], a[i], b[j]
+        i, j = i + 1, j + 1
+        while sympy.simplify(sympy.sympify(pa) - pb) != 0:
+            if _divides(pa, pb) and i < len(a):    # a's product is short: take its next
+                ga.append(i)
+                pa, i = pa * a[i], i + 1
+            elif _divides(pb, pa) and j < len(b):
+                gb.append(j)
+                pb, j = pb * b[j], j + 1
+            else:
+                return None
+        groups.append((ga, gb))
+    return groups if i == len(a) and j == len(b) else None
+
+
+def _divides(x, y) -> bool:
+    """``x`` divides ``y`` and is smaller (ints, or sympy products of sizes)."""
+    if isinstance(x, (int, np.integer)) and isinstance(y, (int, np.integer)):
+        return y > x and y % x == 0
+    q = sympy.cancel(sympy.sympify(y) / sympy.sympify(x))
+    return sympy.fraction(q)[1] == 1 and q != 1

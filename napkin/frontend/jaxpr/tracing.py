@@ -296,15 +296,30 @@ def _params_key(e) -> str:
                        if k not in _SHAPE_PARAMS + ("sharding", "out_sharding")))
 
 
-def read_size_constants(fn, structs, traced: Traced, dims, live, label):
+def read_size_constants(fn, structs, traced: Traced, dims, live, label, products=None,
+                        fixed=None):
     """Trace ``fn`` again at other sizes and read every literal that changed as c·sizeᵖ.
 
     The reading is exact at both traced sizes: the two programs are the same equations with
     the same parameters, every dimension named an axis (``dims``, for the equations in
     ``live``) has that axis's size in both, and each changed constant is c·sizeᵖ to its
-    dtype's rounding in both.  At sizes not traced it is the one law explaining both."""
+    dtype's rounding in both.  At sizes not traced it is the one law explaining both.
+    ``products``: {argument axis: its parts} where fn merges or splits it (h = (g, h_1) of
+    jnp.repeat), sized as their product; ``fixed``: the sizes of parts that are no argument's
+    axis (fn's own numbers: they stay)."""
     import jax
-    other = _perturbed(traced.sizes)
+    products, fixed = products or {}, fixed or {}
+    base = {a: n for a, n in traced.sizes.items() if a not in products}
+    other = _perturbed(base)
+
+    def size(entry):
+        if entry is None:
+            return 1
+        if isinstance(entry, tuple):
+            return math.prod(size(a) for a in entry)
+        return other[entry] if entry in other else fixed[entry]
+    for a, parts in products.items():
+        other[a] = size(parts)
     why = f"fn does not trace with symbolic sizes ({traced.reason})"
     advice = ("write sizes through jnp (jnp.sqrt(q.shape[-1]) rather than math.sqrt or "
               "d ** -0.5) so the diagram serves every size")
@@ -324,18 +339,20 @@ def read_size_constants(fn, structs, traced: Traced, dims, live, label):
             continue
         for o1, o2 in zip(e1.outs, e2.outs):
             for j, a in enumerate(dims(o1)):
-                if o2.shape[j] != (1 if a is None else other[a]):
+                if o2.shape[j] != size(a):
+                    what = "a unit dimension" if a is None else f"axis {a}" \
+                        if isinstance(a, str) else f"the product of axes {' × '.join(a)}"
                     fail(f"{why}, and the dimension {e1.where()} makes has size "
                          f"{o1.shape[j]} at the given sizes but {o2.shape[j]} at other sizes "
                          f"({', '.join(f'{b}={n}' for b, n in other.items())}): it is not "
-                         f"{'a unit dimension' if a is None else f'axis {a}'}; {advice}")
+                         f"{what}; {advice}")
     for (lit, where), (lit2, _) in zip(traced.lits, lits2):
         v1, v2 = lit.value, lit2.value
         if isinstance(v1, ArrayConstant) or v1 == v2 or (isinstance(v1, float)
                                                           and math.isnan(v1) and math.isnan(v2)):
             continue
         found = []
-        for a, n in traced.sizes.items():
+        for a, n in base.items():  # a merged axis is explained by its parts
             for p in _POWERS:
                 c = v1 / float(n) ** float(p)
                 cs = sympy.nsimplify(c, tolerance=1e-7, rational=True)

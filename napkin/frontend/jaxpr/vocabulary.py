@@ -9,7 +9,7 @@ from napkin.core.errors import NapkinError
 # jaxpr primitives that call another jaxpr: inlined (their body is the meaning)
 INLINE = {"pjit", "jit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call",
           "custom_vjp_call_jaxpr", "remat", "remat2", "checkpoint", "named_call"}
-WIRING = {"broadcast_in_dim", "reshape", "squeeze", "expand_dims", "transpose"}
+WIRING = {"broadcast_in_dim", "reshape", "squeeze", "expand_dims", "transpose", "tile"}
 IDENTITY = {"stop_gradient", "copy", "copy_p", "optimization_barrier"}
 UNARY = {"exp": "exp", "log": "log", "tanh": "tanh", "logistic": "sigmoid", "neg": "neg",
          "abs": "abs", "sqrt": "sqrt", "rsqrt": "rsqrt", "square": "square",
@@ -31,8 +31,9 @@ PATTERN_ONLY = {"erf", "erfc", "is_finite"}
 SUPPORTED = ("jit/pjit, custom_jvp_call, custom_vjp_call (inlined)", "dot_general",
              "exp log tanh logistic neg abs sqrt rsqrt square integer_pow pow exp2",
              "add sub mul div max min clamp", "lt le gt ge eq ne and or not", "select_n",
-             "reduce_sum reduce_max reduce_min", "broadcast_in_dim reshape expand_dims "
-             "squeeze transpose (unit dimensions only)", "convert_element_type",
+             "reduce_sum reduce_max reduce_min", "broadcast_in_dim expand_dims squeeze "
+             "transpose", "reshape (a merge or split of axes: read as their product)",
+             "tile, repeat", "convert_element_type",
              "stop_gradient", "iota", "gather (take_along_axis; x[:, index] along one axis)",
              "erf (inside gelu)")
 
