@@ -116,17 +116,30 @@ _SHARDED = textwrap.dedent("""
     want_g = jax.grad(lambda a: jnp.sum(k(a, *kv) ** 2))(q)
     print(len(jax.devices()), float(jnp.max(jnp.abs(out - k(q, *kv)))),
           float(jnp.max(jnp.abs(g - want_g))))
+    # no shard_map: jit(vmap(k)) of head-sharded inputs keeps the heads' sharding (no
+    # all-gather in the compiled program, the output sharded as the inputs), its gradient too
+    from jax.sharding import NamedSharding
+    heads = NamedSharding(mesh, P("h"))
+    q3, kv3 = jax.device_put(q[0], heads), [jax.device_put(a[0], heads) for a in kv]
+    for f, args in ((jax.jit(jax.vmap(k)), (q3, *kv3)), (jax.jit(k), (q3, *kv3)),
+                    (jax.jit(jax.grad(lambda a: jnp.sum(jax.vmap(k)(a, *kv3) ** 2))), (q3,))):
+        out = f(*args)
+        print(f.lower(*args).compile().as_text().count("all-gather"), out.sharding.spec)
+    print(float(jnp.max(jnp.abs(jax.jit(jax.vmap(k))(q3, *kv3) - k(q[0], *(a[0] for a in kv))))))
 """)
 
 
-def test_shard_map_over_four_cpu_devices_matches_the_unsharded_call():
+def test_four_cpu_devices_shard_map_and_jit_vmap_keep_the_heads_sharding():
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
                JAX_PLATFORMS="cpu")
     run = subprocess.run([sys.executable, "-c", _SHARDED], env=env, capture_output=True,
                          text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
-    devices, err, gerr = run.stdout.split()
+    lines = run.stdout.splitlines()
+    devices, err, gerr = lines[0].split()
     assert devices == "4" and float(err) <= 1e-6 and float(gerr) <= 1e-5
+    assert lines[1:4] == ["0 P('h',)"] * 3, lines  # (issue 31: it all-gathered, replicated)
+    assert float(lines[4]) <= 1e-6
 
 
 def test_other_floating_dtypes_come_back_in_the_callers_dtype(attention):

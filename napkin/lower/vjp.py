@@ -18,19 +18,20 @@ def differentiable(forward, algorithm, saving_kernel, backward_kernel):
     once, when first differentiated."""
     import jax
     import jax.numpy as jnp
+    from napkin.lower.sharding import shardable
     ins, outs = array_types(algorithm.dom), array_types(algorithm.cod)
     floating_in = [i for i, t in enumerate(ins) if t.dtype in FLOATING]
     floating_out = [i for i, t in enumerate(outs) if t.dtype in FLOATING]
     built = {}
 
-    def once(key, make):
+    def once(key, make):  # each kernel's batch axes keep their sharding (lower/sharding.py)
         if key not in built:
-            built[key] = make()
+            built[key] = shardable(make())
         return built[key]
 
     @jax.custom_vjp
     def kernel(*xs):
-        return forward(*xs)
+        return once("forward", lambda: forward)(*xs)
 
     def kernel_fwd(*xs):
         out = once("saving", saving_kernel)(*xs)
