@@ -189,6 +189,13 @@ def test_the_command_line_starts_without_the_heavy_libraries():
                          timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+    # listing the library builds every diagram, and imports no JAX (about half of the 2.5 s
+    # `napkin algorithms` took): the semantics' JAX backend loads when something is evaluated
+    probe = ("import sys; from napkin.cli import main; main(['algorithms']); "
+             "print('jax' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and out.stdout.splitlines()[-1] == "False", out.stderr
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -28,20 +28,24 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
 import sympy
 
 from napkin.core.arrays import ArrayType, Axis, canonical_dtype
-from napkin.core.backend import JAX, MASK_FILL, MASKED  # noqa: F401  (masks' constants, here too)
+from napkin.core import backend
+from napkin.core.backend import MASK_FILL, MASKED  # noqa: F401  (masks' constants, here too)
 from napkin.core.errors import NapkinError
 
-JNP_DTYPES = {
-    "f64": jnp.float64, "f32": jnp.float32, "bf16": jnp.bfloat16, "f16": jnp.float16,
-    "fp8": jnp.float8_e4m3fn, "int32": jnp.int32, "int8": jnp.int8, "bool": jnp.bool_,
-}
+# numpy's dtypes (ml_dtypes' for bf16 and fp8, as JAX's are): JAX takes them, and building
+# a diagram imports no JAX (``napkin algorithms`` starts without it)
+JNP_DTYPES = {name: np.dtype(t) for name, t in {
+    "f64": np.float64, "f32": np.float32, "bf16": ml_dtypes.bfloat16, "f16": np.float16,
+    "fp8": ml_dtypes.float8_e4m3fn, "int32": np.int32, "int8": np.int8, "bool": np.bool_,
+}.items()}
 FLOATING = ("f64", "f32", "bf16", "f16", "fp8")
 INTEGER = ("int32", "int8")
-_LOW_NP = tuple(jnp.dtype(t) for t in (jnp.bfloat16, jnp.float16, jnp.float8_e4m3fn))
+_LOW_NP = tuple(JNP_DTYPES[t] for t in ("bf16", "f16", "fp8"))
 _WIDTH = {"bool": 0, "int8": 1, "int32": 2, "fp8": 3, "bf16": 4, "f16": 4, "f32": 5, "f64": 6}
 
 
@@ -58,7 +62,7 @@ class EvalContext:
     per dtype)."""
     env: dict = field(default_factory=dict)
     offsets: dict = field(default_factory=dict)
-    xp: Any = JAX
+    xp: Any = field(default_factory=lambda: backend.JAX)  # JAX imported when first evaluated
     exact: bool = False
 
     def number(self, expr) -> float:
@@ -585,7 +589,7 @@ class Reduce(Spec):
             except NapkinError:
                 n = x.shape[i]
             if x.shape[i] != n:
-                total = xp.sum(xp.astype(x, jnp.float32), i)
+                total = xp.sum(xp.astype(x, np.float32), i)
                 return (xp.astype(xp.multiply(total, xp.const(1.0 / n, total)), x.dtype),)
         return (getattr(xp, self.fn)(x, i),)
 
@@ -682,7 +686,7 @@ class SinkSoftmax(Softmax):
         dt = getattr(x, "dtype", None)
         low = dt is not None and dt in _LOW_NP
         if low:  # normalise a low-precision row in f32 (as the kernels do), round once
-            x, s = xp.astype(x, jnp.float32), xp.astype(s, jnp.float32)
+            x, s = xp.astype(x, np.float32), xp.astype(s, np.float32)
         shape = list(x.shape)
         shape[i] = 1
         s = align(xp, s, ins[1].names, names)

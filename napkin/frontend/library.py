@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-import jax.numpy as jnp
 import numpy as np
 import sympy
 
@@ -20,6 +19,17 @@ from napkin.core.errors import NapkinError
 from napkin.frontend.sampling import sample
 from napkin.frontend.trace import Array, trace
 from napkin.frontend.weave import weave
+
+class _JaxNumpy:
+    """jax.numpy, imported when a reference first runs: listing or building the library
+    (``napkin algorithms``) needs no JAX, and importing it is most of a short command."""
+
+    def __getattr__(self, name):
+        import jax.numpy
+        return getattr(jax.numpy, name)
+
+
+jnp = _JaxNumpy()
 
 SOFTCAP = 30.0
 WINDOW = 4
