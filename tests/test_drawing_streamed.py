@@ -53,6 +53,12 @@ def test_flatten_frames_and_levels(attention):
     assert {"mu[g_q]", "z[g_q]", "o[g_q,d]"} <= set(labels)
     names = {box.name for box in D.boxes}
     assert {"QK^T", "max_x", "fill(-inf)", "guard"} <= names
+    assert frames[3].state == ("mu", "z", "o")  # what the update carries to the next chunk
+    # an op follows what it reads as closely as it can (issue 31: mostly crossings): 22 -> 19
+    assert sum(type(b).__name__ == "Swap" for b in D.boxes) <= 19
+    # the init's boxes come before the update's first chunk enters (in their own section)
+    kinds = [b.data.kind for b in D.boxes if getattr(b, "data", None) is not None]
+    assert kinds.index("fill") < kinds.index("chunk")
 
 
 def test_svg_shows_frames_tiles_state_and_levels(tmp_path, attention):
@@ -69,6 +75,7 @@ def test_svg_shows_frames_tiles_state_and_levels(tmp_path, attention):
     assert "group q: g_q of q per SM, q/g_q groups @smem" in texts
     assert "stream x [softmax_contraction]" in texts
     assert "update: each chunk s_x of x" in texts
+    assert "state mu, z, o: carried to the next chunk" in texts  # the loop back
     assert "gmem" in texts and "smem" in texts            # the legend
     svg = out.read_text().lower()
     assert LEVEL_COLORS["smem"].lower() in svg and LEVEL_COLORS["gmem"].lower() in svg

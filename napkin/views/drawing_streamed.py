@@ -32,7 +32,8 @@ matplotlib.use("Agg")
 
 from discopy import cat, markov  # noqa: E402
 from discopy.utils import AxiomError  # noqa: E402
-from matplotlib.patches import FancyBboxPatch, PathPatch, Rectangle  # noqa: E402
+from matplotlib.patches import (FancyArrowPatch, FancyBboxPatch, PathPatch,  # noqa: E402
+                                Rectangle)
 from matplotlib.path import Path as MPath  # noqa: E402
 
 from napkin.views import drawing as _d  # noqa: E402
@@ -50,6 +51,7 @@ LEVEL_COLORS = {
 }
 FRAME_FILL = {"gmem": "#eef3fb", "l2": "#f4eefa", "smem": "#edf8f0", "registers": "#fdf1e6"}
 SECTION_FILL = {"init": "#fafafa", "update": "#fffbe6", "finalize": "#fafafa"}
+LOOP_COLOR = "#b8860b"   # the update's state carried to the next chunk
 WIRING_HEIGHT = 0.55     # layout units of a layer of copies/swaps (a box layer is 1)
 MARKER_HEIGHT = 0.7
 
@@ -96,6 +98,7 @@ class Frame:
     level: str
     parent: int | None
     depth: int
+    state: tuple = ()         # an update's state wires (carried to the next chunk)
 
 
 def _size_text(s) -> str:
@@ -129,9 +132,9 @@ class _Flattener:
     def ob(self, src_ob, level):
         return WireOb(_label(src_ob.name, src_ob.type, self.tiles), level)
 
-    def frame(self, kind, label, level, parent):
+    def frame(self, kind, label, level, parent, state=()):
         depth = 0 if parent is None else self.frames[parent].depth + 1
-        f = Frame(len(self.frames), kind, label, level, parent, depth)
+        f = Frame(len(self.frames), kind, label, level, parent, depth, tuple(state))
         self.frames.append(f)
         return f.id
 
@@ -210,7 +213,8 @@ class _Flattener:
         self.anchor(f_init, (*fr, f_init))
         state = self.diagram(spec.init, [], level, (*fr, f_init))
         # update: state @ chunks -> state, once per chunk
-        f_up = self.frame("update", f"update: each chunk {shown} of {axis}", level, fid)
+        f_up = self.frame("update", f"update: each chunk {shown} of {axis}", level, fid,
+                          [ob.name for ob in list(spec.update.dom.inside)[:n]])
         up_in = list(state)
         for v, ob, dob in zip(args, ins, list(spec.update.dom.inside)[n:]):
             if ob.type.has(axis):
@@ -254,7 +258,7 @@ def _emit(graph):
     from napkin.core.diagram import Diagram
     from napkin.core.ir import Emitter
     obs = lambda v: graph.nodes[v]["ob"]  # noqa: E731
-    order = op_order(graph)
+    order = _close_order(graph, op_order(graph))
     outputs = graph.graph["outputs"]
     remaining = Counter(outputs)
     for n in order:
@@ -282,6 +286,36 @@ def _emit(graph):
         em.layer(pos, node["box"], len(node["ins"]), list(node["outs"]))
     em.wire_to(list(outputs))
     return Diagram(tuple(em.layers), em.ty(graph.graph["inputs"]), em.ty(outputs), _scan=False)
+
+
+def _close_order(graph, order):
+    """``order`` rescheduled so that an op follows what it reads as closely as it can (the
+    ready op reading the latest-made wire first, one reading nothing — an init — before
+    all): short-lived wires, fewer crossings.  Ops
+    stay within their frame's section: the order is cut at every anchor (a frame's title) and
+    each cut scheduled on its own (the ops of a cut read only earlier cuts and themselves)."""
+    made_at: dict = {v: -1 for v in graph.graph["inputs"]}
+    cuts, cut = [], []
+    for n in order:
+        t = _tag(graph.nodes[n]["box"])
+        if t is not None and t.kind == "anchor":
+            cuts += [cut, [n]]
+            cut = []
+        else:
+            cut.append(n)
+    cuts.append(cut)
+    out = []
+    for cut in cuts:
+        left = list(cut)
+        while left:
+            ready = [n for n in left if all(v in made_at for v in graph.nodes[n]["ins"])]
+            best = max(ready, key=lambda n: (max((made_at[v] for v in graph.nodes[n]["ins"]),
+                                                 default=len(out)), -left.index(n)))
+            left.remove(best)
+            for v in graph.nodes[best]["outs"]:
+                made_at[v] = len(out)
+            out.append(best)
+    return out
 
 
 def _tag(box):
@@ -505,6 +539,24 @@ def _paint_frames(layout: _StreamLayout, ax):
             ax.text(x0 + 0.08, ty, f.label, ha="left", va=va, fontsize=8.5,
                     color="#555555", style="italic", zorder=8,
                     bbox=dict(facecolor="white", alpha=0.7, edgecolor="none", pad=0.8))
+            if f.state:
+                _paint_loop_back(ax, f, (x0, x1, y0, y1), ty)
+
+
+def _paint_loop_back(ax, f, rect, title_y):
+    """An update's state loops back: what leaves it at the bottom is what enters it at the
+    top for the next chunk — an arrow up its left edge, named by the state's wires."""
+    x0, _, y0, y1 = rect
+    top = min(title_y - LABEL_H * 0.6, y1 - 0.2)
+    if top - y0 < 0.6:
+        return
+    x = x0 + 0.07
+    ax.add_patch(FancyArrowPatch((x, y0 + 0.08), (x, top), arrowstyle="-|>", mutation_scale=9,
+                                 color=LOOP_COLOR, linewidth=1.1, linestyle=(0, (4, 2)),
+                                 zorder=7))
+    ax.text(x + 0.05, (y0 + top) / 2, f"state {', '.join(f.state)}: carried to the next chunk",
+            rotation=90, ha="left", va="center", fontsize=7.5, color=LOOP_COLOR, zorder=8,
+            bbox=dict(facecolor="white", alpha=0.75, edgecolor="none", pad=0.6))
 
 
 def _paint_streamed(layout: _StreamLayout, ax, levels, ylim=None):
