@@ -107,6 +107,9 @@ CASES = [
     (["cost", "attention", "--size", "q=²"], ["--size", "q=²"]),
     (["cost", "attention", "--size", "q=" + "9" * 30], ["--size", "positive integer"]),
     (["cost", "attention", "--size", "q=-4"], ["--size", "q=-4"]),
+    # an axis the algorithm lacks: run took it silently (small runs filtered the sizes)
+    (["run", "attention", "--size", "zz=64"], ["--size names zz", "its axes: d, q, x"]),
+    (["cost", "attention", "--size", "zz=64"], ["--size names zz"]),
     # hardware files
     (["cost", "attention", "--hardware", "folder/"], ["hardware file", "is a directory"]),
     (["cost", "attention", "--hardware", "missing.toml"], ["hardware file", "not found"]),

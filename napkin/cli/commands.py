@@ -683,8 +683,11 @@ def _run(args) -> int:
     given = parse_sizes(args.size)
     interpret = _interpret(args.interpret)
     small = interpret is True or (interpret == "auto" and not _on_gpu())
-    base = {**RUN_SIZES, **given} if small else given
-    sizes = sizes_for(diagram, {k: v for k, v in base.items() if k in _axes(diagram)}, "--size")
+    # the small run's defaults for the axes this algorithm has; every axis the user gives is
+    # checked (an axis it lacks is one line, as in optimize)
+    axes = _axes(diagram)
+    base = {**{k: v for k, v in RUN_SIZES.items() if k in axes}, **given} if small else given
+    sizes = sizes_for(diagram, base, "--size")
     _runnable(args, diagram, sizes, interpret)  # before the search: what would fail after it
     print(f"{name}: sizes " + ", ".join(f"{k}={v}" for k, v in sizes.items())
           + (" (interpret mode: small default sizes)" if small and not given else ""))
