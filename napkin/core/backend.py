@@ -4,7 +4,8 @@ Primitives are written once against this small namespace (``ctx.xp``).  With
 :data:`JAX` they compute; with :data:`SYMPY` they build exact expressions over
 numpy object arrays, which is how rule proofs check an accumulator law on
 symbolic entries with the very same definitions the kernels use.  :data:`JAX` lives in
-:mod:`napkin.core.backend_jax`, imported when first asked for: building diagrams needs no JAX.
+:mod:`napkin.core.backend_jax`, imported when something is first evaluated: building
+diagrams needs no JAX.
 """
 from __future__ import annotations
 
@@ -144,10 +145,3 @@ class SympyBackend:
 
 
 SYMPY = SympyBackend  # the classes are the namespaces (no instance: functions stay unbound)
-
-
-def __getattr__(name):  # PEP 562: JAX (and JaxBackend) import JAX when first asked for
-    if name in ("JAX", "JaxBackend"):
-        from napkin.core import backend_jax
-        return getattr(backend_jax, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

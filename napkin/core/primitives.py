@@ -33,7 +33,6 @@ import numpy as np
 import sympy
 
 from napkin.core.arrays import ArrayType, Axis, canonical_dtype
-from napkin.core import backend
 from napkin.core.backend import MASK_FILL, MASKED  # noqa: F401  (masks' constants, here too)
 from napkin.core.errors import NapkinError
 
@@ -50,6 +49,11 @@ _WIDTH = {"bool": 0, "int8": 1, "int32": 2, "fp8": 3, "bf16": 4, "f16": 4, "f32"
 
 
 
+def _jax():
+    from napkin.core.backend_jax import JAX
+    return JAX
+
+
 @dataclass
 class EvalContext:
     """What evaluation knows besides the arrays: the size of every symbolic
@@ -62,7 +66,7 @@ class EvalContext:
     per dtype)."""
     env: dict = field(default_factory=dict)
     offsets: dict = field(default_factory=dict)
-    xp: Any = field(default_factory=lambda: backend.JAX)  # JAX imported when first evaluated
+    xp: Any = field(default_factory=_jax)  # JAX imported when something is first evaluated
     exact: bool = False
 
     def number(self, expr) -> float:
