@@ -286,3 +286,26 @@ def test_a_box_writes_over_what_a_box_fused_into_it_read():
         (k,) = kernels(build(program, H100, "bf16"))
         held[dt] = k.registers
     assert held["bf16"] == held["f32"], held
+
+
+def test_a_tile_through_erf_holds_the_kernel_writers_temporaries():
+    """Triton has no erf: the kernel writer's erfc keeps temporaries beside its input and
+    output (Map.temporaries), which a tile computed through gelu holds at once — the MLP's
+    backward dX and dW1 kernels were modelled at 128 registers and ptxas spilled 744 and
+    740 bytes (benchmarks/cpu_proofs.py --backward --names mlp: now 0).  A relu holds
+    none: the same program with relu for gelu holds two tiles fewer."""
+    from napkin.frontend import ops
+    from napkin.frontend.trace import trace
+    from napkin.core.arrays import axes
+    from napkin.schedule.build import build
+    from napkin.core.region import Site
+    from rewrites import RULES
+    n, e, f = axes("n e f")
+    held = {}
+    for fn in ("relu", "gelu"):
+        D = trace(lambda X, W: getattr(ops, fn)(ops.contract(X, W, out=(n, f))),
+                  {"X": (n, e), "W": (e, f)}, fn)
+        D = RULES["group_partition"].apply(D, Site((), (0, 1)), {"axis": "n"})  # one kernel
+        (k,) = kernels(build(D, H100, "bf16"))
+        held[fn] = max(value_at(r, {"n": 256, "g_n": 64, "e": 32, "f": 16}) for r in k.registers)
+    assert held["gelu"] - held["relu"] == 2 * 64 * 16, held

@@ -358,6 +358,7 @@ PARAM_UNARY = {
     "min_const": lambda xp, x, c: xp.minimum(x, c),
 }
 # Transcendental maps run on the special-function unit (cost and lowering care).
+TEMPORARIES = {"erf": 2, "gelu": 2}  # Map.temporaries
 TRANSCENDENTAL = {"exp", "log", "tanh", "sigmoid", "sqrt", "rsqrt", "silu", "softcap", "gelu",
                   "gelu_tanh", "erf"}
 
@@ -388,6 +389,14 @@ class Map(Spec):
     @property
     def transcendental(self):
         return self.fn in TRANSCENDENTAL
+
+    @property
+    def temporaries(self) -> int:
+        """Tiles of temporaries a kernel keeps beside this box's input and output while it
+        computes it over a tile: Triton has no erf, and the kernel writer's erfc
+        (napkin.lower.emit: t = 1/(1 + |x|/2) and a Horner polynomial in t beside |x|, which
+        ptxas recomputes from x) holds two."""
+        return TEMPORARIES.get(self.fn, 0)
 
     def absorbs(self, tag, port, ins, axis, key=None):
         if self.fn == "id" or (self.fn == "scale" and sympy.sympify(self.param).is_positive):

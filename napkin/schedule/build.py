@@ -358,11 +358,13 @@ class _Builder:
         home = dict(zip(ins, in_home))
         ref = dict(zip(ins, in_refs))
         fused_step: dict = {}                 # value -> the fused Step computing it
+        fused_need: dict = {}                 # value -> values live while its tree computes
         reuse = {ins[i] for i in reusable}
         ob = lambda v: g.nodes[v]["ob"]  # noqa: E731
         cons = {v: sorted(pos[c] for c in g.successors(v)) for v in g.nodes
                 if g.nodes[v]["kind"] == "value"}
         loop.at, loop.steps = L, len(order)
+
 
         def last(v):
             end = max(cons[v], default=-1)
@@ -460,6 +462,9 @@ class _Builder:
                 if product is not None:  # a contraction written as multiply-and-sum
                     # registers only: no level's memory (the paper's model) holds it
                     loop.holds.append((product, 4 * product, i, i, "registers"))
+                need, tile = _tree_need(node["ins"], fused_need, self.size(ob(node["outs"][0]))[0]
+                                        if node["outs"] else ZERO,
+                                        getattr(spec, "temporaries", 0))
                 reused, stores = set(), []
                 for v in node["outs"]:
                     home[v] = L
@@ -471,6 +476,7 @@ class _Builder:
                     if fused(v):
                         fused_step[v] = step
                         fused_reads[v] = read_here(node["ins"], i)
+                        fused_need[v] = (need, tile)
                         step.fused = True
                         step.outs.append(None)
                         continue
@@ -492,6 +498,12 @@ class _Builder:
                     step.outs.append(buf)
                     if h is not None and h < L:
                         stores.append((ob(v), L, h, buf, out_ref_of[v]))
+                if not step.fused and need != tile and not _zero(need - tile):
+                    # a fused elementwise tree: a kernel computes it op by op over the whole
+                    # tile, so the results of its branches are live at once (beside the
+                    # output, counted as its buffer) — registers only, as the product above
+                    extra = need - tile
+                    loop.holds.append((extra, 4 * extra, i, i, "registers"))
                 self.emit(step)
                 for args in stores:
                     self.move(*args)
@@ -672,3 +684,36 @@ def _row_statistics(box) -> frozenset:
     arrays = [ob for ob in (*box.dom.inside, *box.cod.inside)]
     names = [set(ob.type.names) for ob in arrays]
     return frozenset(ob.name for ob, n in zip(arrays, names) if any(n < m for m in names))
+
+
+def _tree_need(ins, fused_need: dict, tile, temporaries: int = 0):
+    """(values live at once while a box computes, its own result's values) where its inputs
+    that are fused values are computed inside it: each branch in turn, the hungriest first
+    (Sethi–Ullman) — what the finished branches hold plus what the next one needs — and at
+    the end the branches' results beside the box's own and the temporaries it keeps
+    (``Map.temporaries``: erf's).  Only a tree with such a box is counted so (the rest of
+    the launch model, without it, agrees with ptxas: benchmarks/cpu_proofs.py)."""
+    branches = sorted((fused_need[v] for v in dict.fromkeys(ins) if v in fused_need),
+                      key=lambda nt: -_value(nt[0]))
+    if not temporaries and all(need == result for need, result in branches):
+        return tile, tile
+    held, peak = ZERO, ZERO
+    for need, result in branches:
+        peak = _larger(peak, held + need)
+        held = held + result
+    return _larger(_larger(peak, held), tile * (1 + temporaries)), tile
+
+
+def _value(e) -> float:
+    """A size-independent order of expressions: their value with every size at 1024."""
+    e = sympy.sympify(e)
+    return float(e.xreplace({s: 1024 for s in e.free_symbols}))
+
+
+def _larger(a, b):
+    return a if _value(a) >= _value(b) else b
+
+
+def _zero(e) -> bool:
+    return _value(e) == 0
+
