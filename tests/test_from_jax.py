@@ -877,13 +877,11 @@ def test_gqa_by_jnp_repeat_reads_the_heads_as_kv_head_times_copy(rng):
     args32 = [np.float32(a) for a in (q, *kv)]
     with jax.enable_x64(True):
         want = _gqa_repeat(q, *kv)
-        dwant = jax.grad(lambda *a: jnp.sum(jnp.tanh(_gqa_repeat(*a))), (0, 1, 2))(q, *kv)
     got = k(*args32)  # the caller's Q[h, q, d]: split at the boundary, merged back
     assert got.shape == (12, 13, 16)
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-6)
-    dgot = jax.grad(lambda *a: jnp.sum(jnp.tanh(k(*a))), (0, 1, 2))(*args32)
-    for g, w in zip(dgot, dwant):  # dK, dV sum over each KV head's copies
-        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-5)
+    # (jax.grad goes through the boundary's reshapes as through any: the GQA backward
+    # kernels themselves are tests/test_kernel_grad.py's)
     with pytest.raises(nk.ShapeError, match=r"argument q: a dimension of size 10 .* must be "
                                             r"a multiple of 4"):
         k(np.zeros((10, 13, 16), np.float32), *args32[1:])
