@@ -132,6 +132,12 @@ class Hardware:
     max_blocks_per_sm: int = 32
     launch_s: float = 0.0                  # fixed cost of one kernel launch
     step_s: float = 0.0                    # least time of one sequential step of a block
+    # The device level (napkin.devices): chips of this kind joined by links, each with its
+    # own memory hierarchy above; None = one chip, no link stated.
+    devices: int = 1                       # chips in the system (a node: 8 on HGX boards)
+    hbm_bytes: int | None = None           # one chip's memory (the top level's capacity)
+    link_bytes_per_s: float | None = None  # one chip to one peer, one direction
+    link_latency_s: float = 0.0            # least time of one cross-device transfer
     sources: tuple[str, ...] = ()
 
     def __post_init__(self):
@@ -330,8 +336,13 @@ def _validate_chip(hw: Hardware) -> None:
         need(hw.register_budget, "", "register_budget", integer=True)
     for f in ("registers_per_thread_max", "pipeline_stages", "max_blocks_per_sm"):
         need(getattr(hw, f), "", f, integer=True)
-    for f in ("launch_s", "step_s"):
+    for f in ("launch_s", "step_s", "link_latency_s"):
         need(getattr(hw, f), "", f, allow_zero=True)
+    need(hw.devices, "", "devices", integer=True)
+    if hw.hbm_bytes is not None:
+        need(hw.hbm_bytes, "", "hbm_bytes", integer=True)
+    if hw.link_bytes_per_s is not None:
+        need(hw.link_bytes_per_s, "", "link_bytes_per_s")
     if not hw.warps_per_block:
         fail("field warps_per_block must list at least one warp count")
     for w in hw.warps_per_block:
@@ -424,7 +435,7 @@ def hardware_from_dict(data: Mapping, default_name: str = "custom") -> Hardware:
 
 
 _FLOAT_KEYS = {"bandwidth_bytes_per_s", "vector_flops_per_s", "exp_per_s", "clock_hz", "flops",
-               "launch_s", "step_s"}
+               "launch_s", "step_s", "link_bytes_per_s", "link_latency_s"}
 
 
 def _as_float(key, v):
@@ -498,7 +509,8 @@ REGISTER_PARTITIONS = 4          # [A100-WP][H100-WP] 4 SM sub-partitions, 64 KB
 
 
 def _nvidia(name, *, sms, clock_hz, l2_bytes, hbm_bytes_per_s, l2_bytes_per_s, smem_per_sm,
-            smem_per_block, flops, vector, mma, sources) -> Hardware:
+            smem_per_block, flops, vector, mma, sources, nvlink_bytes_per_s,
+            hbm_bytes) -> Hardware:
     """GMEM -> L2 -> SMEM (one per SM) -> registers (one per SM sub-partition).
 
     Registers are modelled per sub-partition (64 KB) rather than per SM (256 KB, more than
@@ -532,6 +544,12 @@ def _nvidia(name, *, sms, clock_hz, l2_bytes, hbm_bytes_per_s, l2_bytes_per_s, s
         max_blocks_per_sm=32,           # [CUDA] CC 8.0 and 9.0: 32 resident blocks per SM
         launch_s=3e-6,                  # [EST] a kernel launch, a few microseconds
         step_s=200 / clock_hz,          # [EST] ~200 cycles of loop, barrier and issue per step
+        # the device level: an HGX board's 8 GPUs, all-to-all through NVSwitch; a link's
+        # figure is one direction (the datasheets quote both directions summed)
+        devices=8,                      # [A100-DS][H100-DS][H200-DS] HGX 8-GPU boards
+        hbm_bytes=hbm_bytes,
+        link_bytes_per_s=nvlink_bytes_per_s,
+        link_latency_s=5e-6,            # [EST] a few microseconds per NVLink message (NCCL)
         sources=tuple(_SRC[s] for s in sources),
     )
 
@@ -554,6 +572,8 @@ A100_SXM = _nvidia(
     # [CUDA/PTX] mma.sync m16n8k16 (16-bit); dot_min: no dot dimension under 16 (Triton's
     # tl.dot, and the tensor cores' smallest useful shape)
     mma={"mma_m": 16, "mma_n": 8, "mma_k_bytes": 32, "dot_min": 16},
+    nvlink_bytes_per_s=300e9,       # [A100-DS] NVLink 3: 600 GB/s both directions
+    hbm_bytes=80 * 10 ** 9,         # [A100-DS] 80 GB HBM2e
     sources=("A100-WP", "A100-DS", "CUDA"),
 )
 
@@ -581,11 +601,14 @@ _HOPPER = dict(
     vector=67e12,                   # [H100-DS] FP32 non-tensor 67 TF
     # [PTX] wgmma m64nNk(32 B), N % 8 == 0; dot_min: no dot dimension under 16 (Triton)
     mma={"mma_m": 64, "mma_n": 8, "mma_k_bytes": 32, "dot_min": 16},
+    nvlink_bytes_per_s=450e9,       # [H100-DS][H200-DS] NVLink 4: 900 GB/s both directions
 )
 H100_SXM = _nvidia("H100 SXM", hbm_bytes_per_s=3.35e12,  # [H100-DS] HBM3 3.35 TB/s
+                   hbm_bytes=80 * 10 ** 9,                # [H100-DS] 80 GB
                    sources=("H100-WP", "H100-DS", "CUDA"), **_HOPPER)
 # H200: same GH100 compute as H100 SXM ([H200-DS] lists the same TFLOPS); HBM3e 141 GB.
 H200 = _nvidia("H200 SXM", hbm_bytes_per_s=4.8e12,        # [H200-DS] HBM3e 4.8 TB/s
+               hbm_bytes=141 * 10 ** 9,                   # [H200-DS] 141 GB
                sources=("H200-DS", "H100-WP", "CUDA"), **_HOPPER)
 
 PROFILES: dict[str, Hardware] = {"a100": A100_SXM, "h100": H100_SXM, "h200": H200}

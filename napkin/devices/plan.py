@@ -1,0 +1,417 @@
+"""Which axis goes over the devices, and how: the strategies priced, the fastest chosen.
+
+Every strategy's per-device work is the single-device search's best program at the sizes one
+device holds (``napkin.optimize``: its launch-model time), so the device level adds only what
+crosses the links:
+
+* ``one``     — a single device: the program as searched.
+* ``shard a`` — every box woven over ``a``: each of n devices runs the program on ⌈a/n⌉ of it;
+  inputs carrying ``a`` arrive cut, the others whole; nothing crosses a link.
+* ``ring q, x`` — the queries ``q`` cut over n devices, the streamed axis ``x`` in n chunks,
+  one per device, passed round the ring: step s folds the chunk a device holds into its
+  state (the accumulator's merge of the chunk's partial state) while the chunk for step s + 1
+  arrives.  Time: the first step's fold, then n − 1 steps of max(fold, transfer) + the link's
+  latency, then the finalize; a transfer is the chunk's inputs (K and V's share of x).
+* ``gather x`` — ``x`` cut over n devices, each folding its chunk from the empty state, the
+  partial states gathered (n − 1 states in, per device, over the link) and merged.
+
+A strategy that does not apply says why (no woven axis, no stream with a merge, a mask that
+reads positions — a ring's chunks would need their offsets — or sizes that do not fit a
+device's memory); :func:`distribute` returns them all, the fastest first.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from napkin.core.errors import NapkinError
+
+ONE = "one"
+
+
+@dataclass(frozen=True)
+class Strategy:
+    kind: str                   # "one" | "shard" | "ring" | "gather"
+    devices: int = 1
+    shard: str | None = None    # the woven axis cut over the devices (shard, ring's queries)
+    stream: str | None = None   # the streamed axis cut over the devices (ring, gather)
+
+    def __str__(self):
+        if self.kind == ONE:
+            return "one device"
+        if self.kind == "shard":
+            return f"shard {self.shard} over {self.devices} devices"
+        if self.kind == "ring":
+            return (f"ring over {self.devices} devices: {self.shard} cut, {self.stream} "
+                    f"passed round")
+        return f"gather over {self.devices} devices: {self.stream} cut, partial states merged"
+
+
+@dataclass
+class Priced:
+    """A strategy's modelled time per call, what bounds it, and its per-device program."""
+    strategy: Strategy
+    time_s: float = math.inf
+    compute_s: float = 0.0       # a device's kernels (all of a ring's steps)
+    link_s: float = 0.0          # a device's transfers, overlapped or not
+    link_bytes: float = 0.0      # bytes one device sends over its links per call
+    bound: str = ""              # "compute", "HBM" or "link"
+    local: object = None         # the per-device Optimized
+    sizes: dict = field(default_factory=dict)  # the per-device sizes
+    why: str = ""                # why it does not apply ("" where it does)
+
+    @property
+    def applies(self) -> bool:
+        return not self.why
+
+    def explain(self) -> str:
+        s = self.strategy
+        if not self.applies:
+            return f"{s}: not applicable — {self.why}"
+        return (f"{s}: {self.time_s * 1e3:.4g} ms, bound by {self.bound} (compute "
+                f"{self.compute_s * 1e3:.4g} ms, link {self.link_s * 1e3:.4g} ms, "
+                f"{self.link_bytes / 1e9:.3g} GB sent per device)")
+
+
+@dataclass
+class Distributed:
+    """:func:`distribute`'s answer: the best strategy (``best``) and every one priced."""
+    name: str
+    algorithm: object
+    hardware: object
+    sizes: dict
+    dtype: str | None
+    devices: int
+    priced: list                # Priced, fastest first; inapplicable ones last
+
+    @property
+    def best(self) -> Priced:
+        return self.priced[0]
+
+    @property
+    def strategy(self) -> Strategy:
+        return self.best.strategy
+
+    def explain(self) -> str:
+        lines = [f"{self.name} on {self.devices} × {self.hardware.name} "
+                 f"({', '.join(f'{k}={v}' for k, v in self.sizes.items())}): "
+                 f"{self.best.strategy}"]
+        lines += [f"  {p.explain()}" for p in self.priced]
+        return "\n".join(lines)
+
+    def fit(self, sizes: dict) -> Distributed:
+        """The chosen strategy at other (smaller) sizes: its per-device program as found at
+        scale, fitted (:meth:`napkin.Optimized.fit`) to the per-device sizes."""
+        import dataclasses
+        from napkin.pipeline import sizes_for
+        sizes = sizes_for(self.algorithm, sizes)
+        p = self.best
+        local = local_sizes(p.strategy, sizes)
+        opt = p.local.fit(local)
+        state = 0.0
+        if p.strategy.kind in ("ring", "gather"):
+            (outers, box), _ = mergeable_stream((opt.sequential or opt).program)
+            state = _state_bytes(box, outers, local)
+        # the per-device program and what crosses the links at these sizes (the times stay
+        # the ones priced at scale: a fitted program is run, not searched)
+        fitted = dataclasses.replace(p, local=opt, sizes=local, link_bytes=link_bytes(
+            p.strategy, self.algorithm, local, self.dtype, state))
+        return dataclasses.replace(self, sizes=sizes, priced=[fitted])
+
+    def kernel(self, backend: str = "auto", *, interpret="auto", dtype: str | None = None):
+        """The chosen strategy as a JAX function of the global arrays, on JAX's SPMD engine
+        (:mod:`napkin.devices.spmd`)."""
+        from napkin.devices.spmd import lower_distributed
+        return lower_distributed(self, backend=backend, interpret=interpret, dtype=dtype)
+
+
+def distribute(algorithm, hardware="h200", sizes: dict | None = None, dtype: str | None = "bf16",
+               devices: int | None = None, *, arrive: tuple | None = None,
+               strategy: Strategy | None = None, max_states: int = 2000,
+               max_seconds: float = 60.0) -> Distributed:
+    """Price every way of running ``algorithm`` on ``devices`` chips of ``hardware`` (default:
+    the profile's ``devices``), fastest first.  ``arrive``: the axes the inputs come cut
+    along (a sequence-parallel model hands attention Q cut along q and K, V along x:
+    ``("q", "x")``); a strategy that wants an input otherwise gathers it first, over the
+    link (default: each strategy's own layout, nothing moved before it runs).
+    ``strategy``: price that one only.  Sizes and dtype as :func:`napkin.optimize`."""
+    from napkin.hardware import get_hardware
+    from napkin.pipeline import _resolve, optimize, sizes_for
+    hw = get_hardware(hardware)
+    n = hw.devices if devices is None else devices
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise NapkinError(f"devices={n!r}: a positive number of devices")
+    name, diagram, source = _resolve(algorithm, None, None)
+    sizes = sizes_for(diagram, sizes or {})
+    cache: dict = {}
+
+    def searched(local: dict):
+        key = tuple(sorted(local.items()))
+        if key not in cache:
+            cache[key] = optimize(diagram, hw, local, dtype, source=source,
+                                  max_states=max_states, max_seconds=max_seconds)
+        return cache[key]
+
+    whole = searched(sizes)
+    arrive = tuple(arrive or ())
+    unknown = [a for a in arrive if a not in sizes]
+    if unknown:
+        raise NapkinError(f"arrive names {unknown[0]}, which {name} does not have (its axes: "
+                          f"{', '.join(sizes)})")
+    wanted = [strategy] if strategy is not None else candidates(diagram, whole, sizes, n)
+    priced = [price(s, diagram, whole, sizes, hw, dtype, searched, arrive) for s in wanted]
+    priced.sort(key=lambda p: (not p.applies, p.time_s, p.strategy.devices))
+    if not priced[0].applies:
+        raise NapkinError(f"{name}: {priced[0].explain()}")
+    return Distributed(name, diagram, hw, sizes, dtype, n, priced)
+
+
+# --------------------------------------------------------------------------- the candidates
+def woven_axes(diagram) -> list:
+    """The axes every box of ``diagram`` is woven over: a group partition of the whole
+    program is legal along them (rules.group_partition's premise)."""
+    from napkin.core.ir import ops as op_order, view
+    from napkin.core.region import Site
+    from rewrites import RULES
+    n_ops = len(op_order(view(diagram)))
+    names = dict.fromkeys(a for ob in diagram.dom.inside for a in ob.type.names)
+    out = []
+    for a in names:
+        try:
+            RULES["group_partition"].check(diagram, Site((), tuple(range(n_ops))), {"axis": a})
+        except NapkinError:
+            continue
+        out.append(a)
+    return out
+
+
+def mergeable_stream(program):
+    """(outer groups, the stream box) where ``program`` is one box: groups, each the whole
+    body of the one around it, around one stream whose accumulator has a merge; else
+    (None, why)."""
+    from napkin.core.ir import ops as op_order, view
+    from rewrites.split_stream import lone_groups
+    g = view(program)
+    order = op_order(g)
+    if len(order) != 1:
+        return None, f"the program is {len(order)} kernels, not one stream"
+    outers, box, why = lone_groups(g.nodes[order[0]]["box"])
+    if why:
+        return None, why
+    if getattr(box.spec, "kind", None) != "stream":
+        return None, f"{box.name} is no stream"
+    if box.spec.merge is None:
+        return None, f"the accumulator of {box.name} ({box.spec.rule}) has no merge"
+    return (outers, box), ""
+
+
+def counts(n: int, size: int) -> list:
+    """Device counts to try for an axis of ``size``: n, and its halvings down to 2, each at
+    most the axis."""
+    out, k = [], n
+    while k >= 2:
+        if k <= size:
+            out.append(k)
+        k //= 2
+    return out
+
+
+def candidates(diagram, whole, sizes: dict, n: int) -> list:
+    """Every strategy to price: one device; each woven axis sharded; where the best
+    program is a mergeable stream, a ring (with each woven axis of its groups cut) and a
+    gather."""
+    out = [Strategy(ONE)]
+    woven = woven_axes(diagram)
+    for a in woven:
+        out += [Strategy("shard", k, shard=a) for k in counts(n, sizes[a])]
+    found, _ = mergeable_stream((whole.sequential or whole).program)  # before a split-K
+    if found is not None:
+        outers, box = found
+        x = box.spec.axis
+        for k in counts(n, sizes.get(x, 1)):
+            out.append(Strategy("gather", k, stream=x))
+            out += [Strategy("ring", k, shard=g.spec.axis, stream=x) for g in outers
+                    if g.spec.axis in woven and sizes[g.spec.axis] >= k]
+    return out
+
+
+# --------------------------------------------------------------------------- the prices
+def layout(s: Strategy, t) -> str | None:
+    """The axis an input (or output) of type ``t`` is cut along under ``s`` (None: whole)."""
+    if s.kind == ONE:
+        return None
+    cut = [a for a in (s.shard, s.stream) if a is not None and t.has(a)]
+    if len(cut) > 1:
+        raise NapkinError(f"{t} carries both {cut[0]} and {cut[1]}, which {s} cuts over the "
+                          f"same devices")
+    return cut[0] if cut else None
+
+
+def price(s: Strategy, diagram, whole, sizes, hw, dtype, searched, arrive=()) -> Priced:
+    if s.kind == ONE:
+        return _priced_program(Priced(s, local=whole, sizes=dict(sizes)), whole, sizes, hw, dtype)
+    p = _price(s, diagram, sizes, hw, dtype, searched)
+    if not p.applies or not arrive:
+        return p
+    # inputs that arrive cut along another axis than the strategy wants: all-gathered first
+    moved = 0.0
+    for ob in diagram.dom.inside:
+        try:
+            want = layout(s, ob.type)
+        except NapkinError as e:
+            p.why = str(e)
+            return p
+        came = next((a for a in arrive if ob.type.has(a)), None)
+        if came is not None and came != want:
+            moved += (s.devices - 1) / s.devices * _bytes(ob.type, sizes, dtype)
+    if moved:
+        extra = moved / _link(hw) + (s.devices - 1) * hw.link_latency_s
+        p.link_bytes += moved
+        p.link_s += extra
+        p.time_s += extra
+        if extra > p.compute_s:
+            p.bound = "link"
+    return p
+
+
+def _price(s: Strategy, diagram, sizes, hw, dtype, searched) -> Priced:
+    local = local_sizes(s, sizes)
+    p = Priced(s, sizes=local)
+    why = _fits_memory(diagram, local, hw, dtype)
+    if why:
+        p.why = why
+        return p
+    for a in (s.shard, s.stream):
+        reader = _reads_positions(diagram, a) if a is not None else None
+        if reader:
+            p.why = (f"{reader} reads positions along {a}: each device's share would need "
+                     f"its offset (not built yet)")
+            return p
+    for ob in diagram.dom.inside:
+        try:
+            layout(s, ob.type)
+        except NapkinError as e:
+            p.why = str(e)
+            return p
+    opt = searched(local)
+    p.local = opt
+    if s.kind == "shard":
+        return _priced_program(p, opt, local, hw, dtype)
+    # a device's fold of its chunk: one stream (a gather may split it over the SMs as well:
+    # the split's parts are merged with the other devices' states)
+    seq = opt.sequential or opt
+    if s.kind == "ring":
+        p.local = opt = seq
+    found, why = mergeable_stream(seq.program)
+    if found is None:
+        p.why = f"at the per-device sizes {why}"
+        return p
+    outers, box = found
+    fold = opt.search.best.time_s
+    state = _state_bytes(box, outers, local)
+    hbm = hw.memory_bandwidth
+    merge = 3 * state / hbm            # read two states, write one (f32)
+    p.link_bytes = link_bytes(s, diagram, local, dtype, state)
+    if s.kind == "ring":
+        link = p.link_bytes / (s.devices - 1) / _link(hw) + hw.link_latency_s
+        steps = s.devices
+        p.compute_s = steps * fold + (steps - 1) * merge
+        p.link_s = (steps - 1) * link
+        p.time_s = fold + (steps - 1) * max(fold + merge, link) + state / hbm
+        p.bound = "link" if link > fold + merge else _bound(opt, local)
+    else:  # gather: fold one chunk, gather the others' states, merge them all
+        p.compute_s = fold + (s.devices - 1) * merge
+        p.link_s = p.link_bytes / _link(hw) + (s.devices - 1) * hw.link_latency_s
+        p.time_s = p.compute_s + p.link_s + state / hbm
+        p.bound = "link" if p.link_s > p.compute_s else _bound(opt, local)
+    return p
+
+
+def link_bytes(s: Strategy, diagram, local: dict, dtype, state: float) -> float:
+    """Bytes one device sends per call under ``s`` (besides gathering inputs that arrive cut
+    otherwise): a ring passes its chunk of every input carrying the streamed axis on, n − 1
+    times; a gather sends its partial states to the n − 1 others."""
+    if s.kind == "ring":
+        return (s.devices - 1) * sum(_bytes(ob.type, local, dtype) for ob in diagram.dom.inside
+                                     if ob.type.has(s.stream))
+    if s.kind == "gather":
+        return (s.devices - 1) * state
+    return 0.0
+
+
+def local_sizes(s: Strategy, sizes: dict) -> dict:
+    """The sizes one device holds under ``s``: the axes it cuts, ⌈size / devices⌉."""
+    local = dict(sizes)
+    for a in (s.shard, s.stream):
+        if a is not None and s.kind != ONE:
+            local[a] = -(-sizes[a] // s.devices)
+    return local
+
+
+def _priced_program(p: Priced, opt, sizes, hw, dtype) -> Priced:
+    p.compute_s = p.time_s = opt.search.best.time_s
+    p.bound = _bound(opt, sizes)
+    return p
+
+
+def _bound(opt, sizes) -> str:
+    """compute or HBM: what bounds the program's roofline at these sizes."""
+    try:
+        by = opt.cost.evaluate({**sizes, **opt.tiles})["bound_by"]
+    except Exception:  # noqa: BLE001 - a bound the model cannot name is no reason to fail
+        return "?"
+    return "compute" if str(by).startswith("compute") else "HBM"
+
+
+def _link(hw) -> float:
+    if not hw.link_bytes_per_s:
+        raise NapkinError(f"hardware {hw.name!r} states no link_bytes_per_s: the device level "
+                          f"needs the links between its chips")
+    return hw.link_bytes_per_s
+
+
+def _bytes(t, sizes: dict, dtype) -> float:
+    from napkin.hardware import DTYPE_BYTES
+    from napkin.core.arrays import canonical_dtype
+    width = DTYPE_BYTES.get(canonical_dtype(dtype) if dtype else t.dtype, 4)
+    return width * math.prod(_size(a.size, sizes) for a in t.axes)
+
+
+def _size(s, sizes) -> int:
+    import sympy
+    v = sympy.sympify(s).xreplace({sym: sympy.Integer(sizes.get(str(sym), 1))
+                                   for sym in sympy.sympify(s).free_symbols})
+    return int(v)
+
+
+def _state_bytes(box, outers, local: dict) -> float:
+    """The stream's state over the whole per-device shares of its groups' axes, in f32."""
+    tiles = {str(g.spec.size): local.get(g.spec.axis, 1) for g in outers}
+    env = {**local, **tiles}
+    return sum(4 * math.prod(_size(a.size, env) for a in ob.type.axes)
+               for ob in box.spec.init.cod.inside)
+
+
+def _fits_memory(diagram, local: dict, hw, dtype) -> str:
+    if hw.hbm_bytes is None:
+        return ""
+    need = sum(_bytes(ob.type, local, dtype) for ob in (*diagram.dom.inside, *diagram.cod.inside))
+    if need > hw.hbm_bytes:
+        return (f"a device's inputs and outputs take {need / 1e9:.3g} GB at these sizes, more "
+                f"than its {hw.hbm_bytes / 1e9:.3g} GB")
+    return ""
+
+
+def _reads_positions(diagram, axis: str) -> str | None:
+    """The first box whose meaning depends on where along ``axis`` its entries are (a
+    causal or window mask, positions, a take along it: the semantics' offsets), or None —
+    a device's share of ``axis`` starts elsewhere than 0."""
+    from napkin.core.ir import primitive_boxes
+    for b in primitive_boxes(diagram):
+        spec = b.spec
+        kind = getattr(spec, "kind", None)
+        if kind == "mask" and axis in (spec.q, spec.k):
+            return b.name
+        if kind in ("positions", "take") and spec.axis == axis:
+            return b.name
+    return None

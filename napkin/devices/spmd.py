@@ -1,0 +1,214 @@
+"""A distributed program on JAX's SPMD engine: ``jax.shard_map`` over a one-axis mesh of
+``n`` devices, named "devices", with ``ppermute`` and ``all_gather`` between them — no
+communication layer of napkin's own.  The per-device body is napkin's single-device kernel.
+
+* ``shard a``: the per-device program's kernel under shard_map, inputs and outputs cut along
+  ``a`` where they carry it.
+* ``gather x`` and ``ring q, x``: the per-device program split by the rule ``split_stream``
+  (rewrites/split_stream.py, proved) into a kernel writing the partial states of its chunk
+  of ``x`` and a kernel merging partial states and finalising.  A gather all-gathers the
+  partial states along the parts axis and runs the merging kernel on all of them; a ring
+  folds the chunk each device holds, passes the chunks on (``ppermute``, issued before the
+  fold so the transfer hides behind it) and merges the states step by step with the
+  accumulator's own merge (napkin's semantics of ``Stream.merge``), then finalises.
+
+``jax.grad`` goes through ``shard``'s kernel (napkin's derived backward); a gather's and a
+ring's partial-state kernels have no derivative yet.
+"""
+from __future__ import annotations
+
+from napkin.core.errors import NapkinError
+
+AXIS = "devices"
+
+
+def mesh_of(n: int):
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh
+    have = jax.devices()
+    if len(have) < n:
+        raise NapkinError(f"the plan is for {n} devices and JAX sees {len(have)} "
+                          f"({have[0].platform}); on a CPU set XLA_FLAGS="
+                          f"--xla_force_host_platform_device_count={n} before JAX starts")
+    return Mesh(np.array(have[:n]), (AXIS,))
+
+
+def spec(t, cut: str | None):
+    """The PartitionSpec of an array of type ``t`` cut along ``cut`` (None: whole)."""
+    from jax.sharding import PartitionSpec as P
+    return P(*(AXIS if a.name == cut else None for a in t.axes))
+
+
+def lower_distributed(d, *, backend="auto", interpret="auto", dtype=None):
+    """``d`` (a :class:`napkin.devices.Distributed`) as a jitted function of the global
+    arrays, in the diagram's input order; outputs cut as the strategy leaves them."""
+    import jax
+    from napkin.core.arrays import array_types
+    from napkin.devices.plan import layout
+    p = d.best
+    s = p.strategy
+    if s.kind == "one":
+        return p.local.kernel(backend, interpret=interpret, dtype=dtype)
+    mesh = mesh_of(s.devices)
+    ins, outs = array_types(d.algorithm.dom), array_types(d.algorithm.cod)
+    _divides(d, s)
+    in_specs = tuple(spec(t, layout(s, t)) for t in ins)
+    if s.kind == "shard":
+        body = p.local.kernel(backend, interpret=interpret, dtype=dtype)
+        out_specs = tuple(spec(t, layout(s, t)) for t in outs)
+    else:
+        parts, merge_box, finalize, merge = _split(p, backend, interpret, dtype)
+        if s.kind == "gather":  # the merge folds every device's parts: the whole axis's
+            import sympy
+            merge_box = merge_box.bound({sympy.Symbol(s.stream, integer=True, positive=True):
+                                         d.sizes[s.stream]})
+            body = _gather(parts, merge_box, ins, s)
+            out_specs = tuple(spec(t, None) for t in outs)
+        else:
+            body = _ring(parts, merge, finalize, ins, s)
+            out_specs = tuple(spec(t, layout(s, t)) for t in outs)
+    one = len(outs) == 1
+    f = jax.shard_map(body if not one else (lambda *xs: _tupled(body(*xs))), mesh=mesh,
+                      in_specs=in_specs, out_specs=out_specs, check_vma=False)
+    if s.kind != "shard":
+        f = _no_derivative(f, s)
+    return jax.jit((lambda *xs: f(*xs)[0]) if one else f)
+
+
+def _no_derivative(f, s):
+    """``f`` whose derivative is one line: a partial-state kernel has no backward yet (the
+    distributed backward — dQ ringed as the forward, dK and dV summed over the devices — is
+    the next step)."""
+    import jax
+
+    @jax.custom_vjp
+    def g(*xs):
+        return f(*xs)
+
+    def fwd(*xs):
+        return f(*xs), None
+
+    def bwd(_, __):
+        raise NapkinError(f"jax.grad through {s}: the partial-state kernels have no derivative "
+                          f"yet (a shard strategy's kernel has one)")
+    g.defvjp(fwd, bwd)
+    return g
+
+
+def _tupled(out):
+    return out if isinstance(out, tuple) else (out,)
+
+
+def _divides(d, s):
+    for a in (s.shard, s.stream):
+        if a is not None and d.sizes[a] % s.devices:
+            raise NapkinError(f"{a}={d.sizes[a]} does not divide over {s.devices} devices "
+                              f"(the SPMD engine cuts equal shares): choose sizes or a device "
+                              f"count that divide")
+
+
+def _split(p, backend, interpret, dtype):
+    """(the partial-states kernel, the merge-and-finalize kernel, the finalize and merge as
+    JAX functions) of the per-device program, split by the rule split_stream."""
+    from napkin.core.region import Site
+    from napkin.core.semantics import evaluate
+    from napkin.devices.plan import mergeable_stream
+    from napkin.lower import lower
+    from napkin.lower.program import top_boxes
+    from rewrites import RULES
+    from rewrites.split_stream import one_box
+    opt = p.local
+    program = opt.program
+    boxes = top_boxes(program)
+    if len(boxes) == 1:  # not split within the device: one part, its whole chunk
+        found, why = mergeable_stream(program)
+        if found is None:
+            raise NapkinError(f"{p.strategy}: the per-device program: {why}")
+        x = found[1].spec.axis
+        program = RULES["split_stream"].apply(program, Site((), (0,)),
+                                              {"axis": x, "size": int(p.sizes[x])})
+        boxes = top_boxes(program)
+    first, second = boxes
+    tiles = dict(opt.tiles)
+    states = {ob.name for ob in first.cod.inside}
+    kernels = [lower(one_box(b.spec, b.dom, [o.name for o in b.cod.inside], b.name), tiles,
+                     backend=backend, interpret=interpret, dtype=dtype or opt.dtype,
+                     keep=states) for b in (first, second)]
+    (_, stream), _ = mergeable_stream(opt.sequential.program if opt.sequential else opt.program)
+    spec = stream.spec
+    return kernels[0], kernels[1], evaluate(spec.finalize), evaluate(spec.merge)
+
+
+def _gather(parts, merge_box, ins, s):
+    """Each device's partial states, gathered along the parts axis; merged and finalised on
+    every device (the states are small: a row statistic and a row of the output each)."""
+    import jax
+    fixed = [i for i, t in enumerate(ins) if not t.has(s.stream)]
+
+    def body(*xs):
+        states = _tupled(parts(*xs))
+        gathered = [jax.lax.all_gather(st, AXIS, axis=0, tiled=True) for st in states]
+        return _tupled(merge_box(*gathered, *[xs[i] for i in fixed]))
+    return body
+
+
+def _ring(parts, merge, finalize, ins, s):
+    """Fold the chunk a device holds, pass the chunks on, merge: s.devices steps."""
+    import jax
+    n = s.devices
+    moving = [i for i, t in enumerate(ins) if t.has(s.stream)]
+    fixed = [i for i, t in enumerate(ins) if not t.has(s.stream)]
+    perm = [(j, (j + 1) % n) for j in range(n)]
+
+    def squeeze(states):  # one part per device and step: drop the parts axis
+        return [st[0] for st in states]
+
+    def body(*xs):
+        cur = list(xs)
+        state = None
+        for step in range(n):
+            if step < n - 1:  # the next chunk's transfer, issued before this fold
+                nxt = jax.lax.ppermute([cur[i] for i in moving], AXIS, perm)
+            part = squeeze(_tupled(parts(*cur)))
+            state = part if state is None else _tupled(merge(*state, *part))
+            if step < n - 1:
+                for i, m in zip(moving, nxt):
+                    cur[i] = m
+        return _tupled(finalize(*state, *[xs[i] for i in fixed]))
+    return body
+
+
+COLLECTIVES = ("ppermute", "all_gather", "psum", "all_to_all", "reduce_scatter")
+
+
+def communication(f, *args) -> dict:
+    """What ``f``'s program sends between devices, read off its jaxpr: {collective: bytes one
+    device sends} — a ppermute its operands, an all_gather (n − 1) shares of its result's
+    per-device operand.  Counted, not modelled: the model's ``Priced.link_bytes`` must
+    agree."""
+    import jax
+    import numpy as np
+    out: dict = {}
+
+    def walk(jaxpr, n):
+        for e in jaxpr.eqns:
+            name = e.primitive.name
+            if name == "shard_map":
+                walk(e.params["jaxpr"], int(np.prod(list(e.params["mesh"].shape.values()))))
+                continue
+            if name in COLLECTIVES:
+                sent = sum(v.aval.size * v.aval.dtype.itemsize for v in e.invars)
+                if name == "all_gather":
+                    sent *= n - 1
+                out[name] = out.get(name, 0) + sent
+            for sub in jax.core.subjaxprs(e) if hasattr(jax.core, "subjaxprs") else ():
+                walk(sub, n)
+            for p in e.params.values():
+                inner = getattr(p, "jaxpr", None)
+                if inner is not None and hasattr(inner, "eqns"):
+                    walk(inner, n)
+                elif hasattr(p, "eqns"):
+                    walk(p, n)
+    walk(jax.make_jaxpr(f)(*args).jaxpr, 1)
+    return out
