@@ -24,6 +24,29 @@ FROM = arg("--from", dest="from_", metavar="FILE:NAME", default=None,
            help="a user algorithm: NAME (a diagram, or a function returning one) in FILE")
 
 
+DEVICES = (arg("--devices", type=int, default=None, metavar="N",
+                help="also price running it on N devices (napkin.devices: a shard of a woven "
+                     "axis, a ring, a gather of partial states) and say which wins"),
+           arg("--arrive", default=None, metavar="AXES",
+               help="with --devices: the axes the inputs come cut along, e.g. q,x (a "
+                    "sequence-parallel model's); others are gathered first"))
+
+
+def device_plan(args, name, diagram, sizes):
+    """The --devices plan of ``diagram`` (None without --devices), its explanation printed."""
+    if args.devices is None:
+        return None
+    if args.devices < 1:
+        raise NapkinError(f"--devices {args.devices}: a positive number of devices")
+    from napkin.devices import distribute
+    arrive = None if args.arrive is None else tuple(a for a in args.arrive.split(",") if a)
+    d = distribute(diagram, args.hardware, sizes, getattr(args, "dtype", "bf16"), args.devices,
+                   arrive=arrive, max_states=getattr(args, "max_states", 2000),
+                   max_seconds=getattr(args, "max_seconds", 60.0))
+    print(d.explain().replace(d.name, name, 1))
+    return d
+
+
 # ----------------------------------------------------------------------------- commands
 @command("algorithms", "list the library's algorithms: name, signature, summary")
 def _algorithms(args) -> int:
@@ -315,7 +338,8 @@ def _check(args) -> int:
 @command("cost", "transfers, memory, FLOPs and time per memory level of a streamed program",
          arg("algorithm", metavar="ALGO|CERTIFICATE", nargs="?"), FROM, SIZE, HARDWARE, DTYPE,
          JSON, arg("--plot", metavar="PATH",
-                   help="draw transfers vs memory and tile size (PNG or SVG by suffix)"))
+                   help="draw transfers vs memory and tile size (PNG or SVG by suffix)"),
+         *DEVICES)
 def _cost(args) -> int:
     with Outputs() as out:
         return _cost_to(args, out.file(args.plot, "--plot", suffixes=PICTURES), out)
@@ -361,6 +385,11 @@ def _cost_to(args, plot, out) -> int:
           + (f"{ratio:.3g}" if ratio is not None else "- (no lower bound at these sizes)"))
     if args.plot:
         print(f"plot: {args.plot}")
+    if args.devices is not None:
+        if cert is not None:
+            raise NapkinError("--devices prices an algorithm's strategies, not a certificate's "
+                              "program: give the algorithm")
+        device_plan(args, name, diagram, sizes)
     return 0
 
 
@@ -391,7 +420,7 @@ LIMITS = (arg("--max-states", type=int, default=2000,
          arg("--draw", metavar="PATH", help="draw the algorithm and its streamed program"),
          arg("--levels", choices=("two", "all"), default="two",
              help="GMEM+SMEM (the paper's setting) or the profile's whole hierarchy"),
-         *LIMITS, *BACKWARD)
+         *LIMITS, *BACKWARD, *DEVICES)
 def _optimize(args) -> int:
     with Outputs() as out:
         cert = out.file(args.certificate, "--certificate")
@@ -416,6 +445,10 @@ def _optimize_to(args, cert, drawing, out) -> int:
         total += opt.search.best.time_s
     if len(targets) > 1:
         print(f"backward: {len(targets)} programs, {total:.4g} s modelled in all")
+    if args.devices is not None and not args.json:
+        if targets != [None]:
+            raise NapkinError("--devices prices the forward: leave out --backward")
+        device_plan(args, name, diagram, sizes)
     return 0
 
 
@@ -674,8 +707,14 @@ def _lower_to(args, emit, out) -> int:
          TILE, INTERPRET, *LIMITS,
          arg("--backward", action="store_true",
              help="also jax.grad through the kernel (its backward napkin's programs) against "
-                  "jax.grad of the reference"))
+                  "jax.grad of the reference"), *DEVICES)
 def _run(args) -> int:
+    import os
+    import sys
+    if args.devices is not None and args.devices > 1 and "jax" not in sys.modules:
+        # a CPU run of a plan for several devices: as many host devices (a GPU ignores it)
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                                   f" --xla_force_host_platform_device_count={args.devices}")
     from napkin.frontend.library import DEFAULT_SIZES
     from napkin.lower import hbm_bytes
     args.dtype = kernel_dtype(args.dtype)  # before any search
@@ -695,6 +734,8 @@ def _run(args) -> int:
     # axis the user sized is searched at that size
     full = {a: n if a in given else DEFAULT_SIZES.get(a, n) for a, n in sizes.items()} \
         if small else sizes
+    if args.devices is not None:
+        return _run_devices(args, name, diagram, source, full, sizes, interpret, small)
     opt = optimized(args, name, diagram, sizes=full, max_states=args.max_states,
                     max_seconds=args.max_seconds)
     if args.backward:
@@ -743,6 +784,40 @@ def _run(args) -> int:
         if g_err > tol:
             raise NapkinError(f"the gradient differs from the reference's: relative error "
                               f"{g_err:.2e} > {tol:g}")
+    return 0
+
+
+def _run_devices(args, name, diagram, source, full, sizes, interpret, small) -> int:
+    """``napkin run --devices N``: the plan priced at full scale, run at ``sizes`` on JAX's
+    SPMD engine, compared with the reference, and its communication counted from the
+    program against the model's."""
+    import numpy as np
+    from napkin.devices.spmd import communication
+    if args.backward or args.tile:
+        raise NapkinError("--devices runs the forward at the optimiser's tiles: leave out "
+                          "--backward and --tile")
+    d = device_plan(args, name, diagram, full)
+    if small:  # a small run's default sizes cut into equal shares (a size you gave is kept)
+        given = parse_sizes(args.size)
+        for a in (d.strategy.shard, d.strategy.stream):
+            n = d.strategy.devices
+            if a is not None and a not in given and sizes[a] % n:
+                sizes = {**sizes, a: -(-sizes[a] // n) * n}
+    run = d.fit(sizes) if small and full != sizes else d
+    k = run.kernel(args.backend, interpret=interpret)
+    err, wall = run_and_compare(k, source, diagram, sizes, args.dtype, interpret)
+    tol = TOL.get(args.dtype, 2e-2)
+    xs = [np.zeros(s, np.float32) for s in _shapes(diagram, sizes)]
+    counted = sum(communication(k, *xs).values()) if run.strategy.devices > 1 else 0
+    print(f"{run.strategy} at " + ", ".join(f"{a}={v}" for a, v in sizes.items())
+          + f": max relative error vs reference {err:.2e} (tolerance {tol:g}); wall "
+          f"{wall * 1e3:.1f} ms; sent per device {counted:.4g} bytes counted from the program, "
+          f"{run.best.link_bytes:.4g} modelled" + (
+              f" (and {run.best.arrival_bytes:.4g} to gather inputs that arrive cut otherwise, "
+              f"which XLA moves before the program)" if run.best.arrival_bytes else ""))
+    if err > tol:
+        raise NapkinError(f"the distributed kernel differs from the reference: relative error "
+                          f"{err:.2e} > {tol:g}")
     return 0
 
 

@@ -54,7 +54,8 @@ class Priced:
     time_s: float = math.inf
     compute_s: float = 0.0       # a device's kernels (all of a ring's steps)
     link_s: float = 0.0          # a device's transfers, overlapped or not
-    link_bytes: float = 0.0      # bytes one device sends over its links per call
+    link_bytes: float = 0.0      # bytes one device sends over its links per call (its own)
+    arrival_bytes: float = 0.0   # bytes gathered first: inputs that arrive cut otherwise
     bound: str = ""              # "compute", "HBM" or "link"
     local: object = None         # the per-device Optimized
     sizes: dict = field(default_factory=dict)  # the per-device sizes
@@ -68,9 +69,11 @@ class Priced:
         s = self.strategy
         if not self.applies:
             return f"{s}: not applicable — {self.why}"
+        gathered = f" + {self.arrival_bytes / 1e9:.3g} GB of inputs gathered first" \
+            if self.arrival_bytes else ""
         return (f"{s}: {self.time_s * 1e3:.4g} ms, bound by {self.bound} (compute "
                 f"{self.compute_s * 1e3:.4g} ms, link {self.link_s * 1e3:.4g} ms, "
-                f"{self.link_bytes / 1e9:.3g} GB sent per device)")
+                f"{self.link_bytes / 1e9:.3g} GB sent per device{gathered})")
 
 
 @dataclass
@@ -83,6 +86,7 @@ class Distributed:
     dtype: str | None
     devices: int
     priced: list                # Priced, fastest first; inapplicable ones last
+    arrive: tuple = ()          # the axes the inputs come cut along
 
     @property
     def best(self) -> Priced:
@@ -115,7 +119,8 @@ class Distributed:
         # the per-device program and what crosses the links at these sizes (the times stay
         # the ones priced at scale: a fitted program is run, not searched)
         fitted = dataclasses.replace(p, local=opt, sizes=local, link_bytes=link_bytes(
-            p.strategy, self.algorithm, local, self.dtype, state))
+            p.strategy, self.algorithm, local, self.dtype, state), arrival_bytes=arrival_bytes(
+            p.strategy, self.algorithm, sizes, self.dtype, self.arrive))
         return dataclasses.replace(self, sizes=sizes, priced=[fitted])
 
     def kernel(self, backend: str = "auto", *, interpret="auto", dtype: str | None = None):
@@ -163,7 +168,7 @@ def distribute(algorithm, hardware="h200", sizes: dict | None = None, dtype: str
     priced.sort(key=lambda p: (not p.applies, p.time_s, p.strategy.devices))
     if not priced[0].applies:
         raise NapkinError(f"{name}: {priced[0].explain()}")
-    return Distributed(name, diagram, hw, sizes, dtype, n, priced)
+    return Distributed(name, diagram, hw, sizes, dtype, n, priced, arrive)
 
 
 # --------------------------------------------------------------------------- the candidates
@@ -253,25 +258,26 @@ def price(s: Strategy, diagram, whole, sizes, hw, dtype, searched, arrive=()) ->
     p = _price(s, diagram, sizes, hw, dtype, searched)
     if not p.applies or not arrive:
         return p
-    # inputs that arrive cut along another axis than the strategy wants: all-gathered first
-    moved = 0.0
-    for ob in diagram.dom.inside:
-        try:
-            want = layout(s, ob.type)
-        except NapkinError as e:
-            p.why = str(e)
-            return p
-        came = next((a for a in arrive if ob.type.has(a)), None)
-        if came is not None and came != want:
-            moved += (s.devices - 1) / s.devices * _bytes(ob.type, sizes, dtype)
+    moved = arrival_bytes(s, diagram, sizes, dtype, arrive)
     if moved:
         extra = moved / _link(hw) + (s.devices - 1) * hw.link_latency_s
-        p.link_bytes += moved
+        p.arrival_bytes = moved
         p.link_s += extra
         p.time_s += extra
         if extra > p.compute_s:
             p.bound = "link"
     return p
+
+
+def arrival_bytes(s: Strategy, diagram, sizes: dict, dtype, arrive) -> float:
+    """Bytes one device gathers before ``s`` runs: each input that arrives cut along another
+    axis than ``s`` wants it (``arrive``), all-gathered ((n − 1) shares of it)."""
+    moved = 0.0
+    for ob in diagram.dom.inside:
+        came = next((a for a in arrive or () if ob.type.has(a)), None)
+        if came is not None and came != layout(s, ob.type):
+            moved += (s.devices - 1) / s.devices * _bytes(ob.type, sizes, dtype)
+    return moved
 
 
 def _price(s: Strategy, diagram, sizes, hw, dtype, searched) -> Priced:

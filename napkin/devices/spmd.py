@@ -73,7 +73,12 @@ def lower_distributed(d, *, backend="auto", interpret="auto", dtype=None):
                       in_specs=in_specs, out_specs=out_specs, check_vma=False)
     if s.kind != "shard":
         f = _no_derivative(f, s)
-    return jax.jit((lambda *xs: f(*xs)[0]) if one else f)
+    jitted = jax.jit((lambda *xs: f(*xs)[0]) if one else f)
+
+    def call(*xs, interpret=None):  # (interpret: as the kernels were built; kept for callers
+        return jitted(*xs)          # that pass it to any napkin kernel)
+    call.strategy = s
+    return call
 
 
 def _no_derivative(f, s):
