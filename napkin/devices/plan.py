@@ -103,6 +103,18 @@ class Distributed:
         lines += [f"  {p.explain()}" for p in self.priced]
         return "\n".join(lines)
 
+    def choose(self, strategy: Strategy) -> Distributed:
+        """This answer with ``strategy`` (one of those priced) in place of the fastest."""
+        import dataclasses
+        for p in self.priced:
+            if p.strategy == strategy:
+                if not p.applies:
+                    raise NapkinError(f"{self.name}: {p.explain()}")
+                return dataclasses.replace(self, priced=[p, *(q for q in self.priced
+                                                              if q is not p)])
+        raise NapkinError(f"{self.name}: {strategy} was not priced (priced: "
+                          f"{'; '.join(str(p.strategy) for p in self.priced)})")
+
     def fit(self, sizes: dict) -> Distributed:
         """The chosen strategy at other (smaller) sizes: its per-device program as found at
         scale, fitted (:meth:`napkin.Optimized.fit`) to the per-device sizes."""
@@ -139,7 +151,8 @@ def distribute(algorithm, hardware="h200", sizes: dict | None = None, dtype: str
     along (a sequence-parallel model hands attention Q cut along q and K, V along x:
     ``("q", "x")``); a strategy that wants an input otherwise gathers it first, over the
     link (default: each strategy's own layout, nothing moved before it runs).
-    ``strategy``: price that one only.  Sizes and dtype as :func:`napkin.optimize`."""
+    ``strategy``: price that one only (or those, a list).  Sizes and dtype as
+    :func:`napkin.optimize`."""
     from napkin.hardware import get_hardware
     from napkin.pipeline import _resolve, optimize, sizes_for
     hw = get_hardware(hardware)
@@ -163,7 +176,8 @@ def distribute(algorithm, hardware="h200", sizes: dict | None = None, dtype: str
     if unknown:
         raise NapkinError(f"arrive names {unknown[0]}, which {name} does not have (its axes: "
                           f"{', '.join(sizes)})")
-    wanted = [strategy] if strategy is not None else candidates(diagram, whole, sizes, n)
+    wanted = candidates(diagram, whole, sizes, n) if strategy is None else \
+        list(strategy) if isinstance(strategy, (list, tuple)) else [strategy]
     priced = [price(s, diagram, whole, sizes, hw, dtype, searched, arrive) for s in wanted]
     priced.sort(key=lambda p: (not p.applies, p.time_s, p.strategy.devices))
     if not priced[0].applies:
