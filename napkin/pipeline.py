@@ -332,7 +332,7 @@ def optimize(algorithm, hardware="h100", sizes: dict | None = None, dtype: str |
     from napkin.core.arrays import canonical_dtype
     from napkin.lower.backends import get_backend
     from napkin.search import search  # looked up per call: tests replace it
-    name, diagram, source = _resolve(algorithm, source, base)
+    name, diagram, source = resolve(algorithm, source, base)
     sizes = sizes_for(diagram, sizes or {})
     dtype = None if dtype is None else canonical_dtype(dtype)
     r = search(diagram, hardware, sizes, dtype, max_states=max_states, max_seconds=max_seconds,
@@ -357,7 +357,7 @@ def launch_of(tiles, backend) -> dict:
     return {**backend.launch, **chosen}
 
 
-def _resolve(algorithm, source, base) -> tuple[str, object, str | dict | None]:
+def resolve(algorithm, source, base) -> tuple[str, object, str | dict | None]:
     """(label, diagram, certificate source) of what :func:`optimize` was given."""
     from napkin.core.diagram import is_diagram
     from napkin.frontend.library import LIBRARY, Algorithm, get

@@ -59,5 +59,5 @@ def test_no_private_name_is_imported_across_modules():
 def test_the_top_level_is_grouped():
     top = sorted(p.name for p in (ROOT / "napkin").iterdir()
                  if not p.name.startswith((".", "__pycache__")))
-    assert top == ["__init__.py", "certify", "cli", "core", "cost", "frontend", "hardware.py",
-                   "lower", "pipeline.py", "schedule", "search", "views"]
+    assert top == ["__init__.py", "certify", "cli", "core", "cost", "devices", "frontend",
+                   "hardware.py", "lower", "pipeline.py", "schedule", "search", "views"]

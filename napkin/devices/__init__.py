@@ -22,6 +22,7 @@ engine: ``jax.shard_map`` over a one-axis mesh, ``ppermute`` and ``all_gather``;
 per-device body is the single-device kernel napkin already writes (Pallas on a GPU,
 interpret mode on a CPU).
 """
-from napkin.devices.plan import Distributed, Priced, Strategy, distribute
+from napkin.devices.plan import Distributed, Priced, distribute
+from napkin.devices.strategy import Strategy
 
 __all__ = ["Distributed", "Priced", "Strategy", "distribute"]

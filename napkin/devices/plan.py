@@ -25,27 +25,7 @@ import math
 from dataclasses import dataclass, field
 
 from napkin.core.errors import NapkinError
-
-ONE = "one"
-
-
-@dataclass(frozen=True)
-class Strategy:
-    kind: str                   # "one" | "shard" | "ring" | "gather"
-    devices: int = 1
-    shard: str | None = None    # the woven axis cut over the devices (shard, ring's queries)
-    stream: str | None = None   # the streamed axis cut over the devices (ring, gather)
-
-    def __str__(self):
-        if self.kind == ONE:
-            return "one device"
-        if self.kind == "shard":
-            return f"shard {self.shard} over {self.devices} devices"
-        if self.kind == "ring":
-            return (f"ring over {self.devices} devices: {self.shard} cut, {self.stream} "
-                    f"passed round")
-        return f"gather over {self.devices} devices: {self.stream} cut, partial states merged"
-
+from napkin.devices.strategy import ONE, Strategy, layout, mergeable_stream
 
 @dataclass
 class Priced:
@@ -154,12 +134,12 @@ def distribute(algorithm, hardware="h200", sizes: dict | None = None, dtype: str
     ``strategy``: price that one only (or those, a list).  Sizes and dtype as
     :func:`napkin.optimize`."""
     from napkin.hardware import get_hardware
-    from napkin.pipeline import _resolve, optimize, sizes_for
+    from napkin.pipeline import optimize, resolve, sizes_for
     hw = get_hardware(hardware)
     n = hw.devices if devices is None else devices
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise NapkinError(f"devices={n!r}: a positive number of devices")
-    name, diagram, source = _resolve(algorithm, None, None)
+    name, diagram, source = resolve(algorithm, None, None)
     sizes = sizes_for(diagram, sizes or {})
     cache: dict = {}
 
@@ -204,26 +184,6 @@ def woven_axes(diagram) -> list:
     return out
 
 
-def mergeable_stream(program):
-    """(outer groups, the stream box) where ``program`` is one box: groups, each the whole
-    body of the one around it, around one stream whose accumulator has a merge; else
-    (None, why)."""
-    from napkin.core.ir import ops as op_order, view
-    from rewrites.split_stream import lone_groups
-    g = view(program)
-    order = op_order(g)
-    if len(order) != 1:
-        return None, f"the program is {len(order)} kernels, not one stream"
-    outers, box, why = lone_groups(g.nodes[order[0]]["box"])
-    if why:
-        return None, why
-    if getattr(box.spec, "kind", None) != "stream":
-        return None, f"{box.name} is no stream"
-    if box.spec.merge is None:
-        return None, f"the accumulator of {box.name} ({box.spec.rule}) has no merge"
-    return (outers, box), ""
-
-
 def counts(n: int, size: int) -> list:
     """Device counts to try for an axis of ``size``: n, and its halvings down to 2, each at
     most the axis."""
@@ -255,17 +215,6 @@ def candidates(diagram, whole, sizes: dict, n: int) -> list:
 
 
 # --------------------------------------------------------------------------- the prices
-def layout(s: Strategy, t) -> str | None:
-    """The axis an input (or output) of type ``t`` is cut along under ``s`` (None: whole)."""
-    if s.kind == ONE:
-        return None
-    cut = [a for a in (s.shard, s.stream) if a is not None and t.has(a)]
-    if len(cut) > 1:
-        raise NapkinError(f"{t} carries both {cut[0]} and {cut[1]}, which {s} cuts over the "
-                          f"same devices")
-    return cut[0] if cut else None
-
-
 def price(s: Strategy, diagram, whole, sizes, hw, dtype, searched, arrive=()) -> Priced:
     if s.kind == ONE:
         return _priced_program(Priced(s, local=whole, sizes=dict(sizes)), whole, sizes, hw, dtype)

@@ -45,7 +45,7 @@ def lower_distributed(d, *, backend="auto", interpret="auto", dtype=None):
     arrays, in the diagram's input order; outputs cut as the strategy leaves them."""
     import jax
     from napkin.core.arrays import array_types
-    from napkin.devices.plan import layout
+    from napkin.devices.strategy import layout
     p = d.best
     s = p.strategy
     if s.kind == "one":
@@ -118,7 +118,7 @@ def _split(p, backend, interpret, dtype):
     JAX functions) of the per-device program, split by the rule split_stream."""
     from napkin.core.region import Site
     from napkin.core.semantics import evaluate
-    from napkin.devices.plan import mergeable_stream
+    from napkin.devices.strategy import mergeable_stream
     from napkin.lower import lower
     from napkin.lower.program import top_boxes
     from rewrites import RULES
