@@ -43,19 +43,58 @@ def test_a_million_tokens_on_eight_h200s_ring_their_keys():
     assert "ring over 8 devices" in text and "gathered first" in text
 
 
-def test_a_strategy_that_would_read_positions_is_refused_in_one_line():
-    """A causal mask compares global positions: a device's share of q starts elsewhere than
-    0 — refused (offsets not built), never run wrong."""
-    d = distribute("causal_attention", "h200", {"q": 4096, "x": 4096, "d": 128}, "bf16", 4)
-    assert d.strategy.kind == "one"
-    refused = [p for p in d.priced if not p.applies]
-    assert refused and all("causal reads positions along" in p.why for p in refused)
-    with pytest.raises(nk.NapkinError, match="causal reads positions along q"):
-        distribute("causal_attention", "h200", {"q": 4096, "x": 4096, "d": 128}, "bf16", 4,
-                   strategy=Strategy("shard", 4, shard="q"))
-    ce = distribute("cross_entropy", "h200", {"n": 4096, "v": 32768}, "bf16", 4)
-    assert all("reads positions along v" in p.why for p in ce.priced
-               if p.strategy.stream == "v")  # the label's take along the vocabulary
+def test_a_cut_along_an_axis_positions_are_read_along_hands_each_device_its_base():
+    """A causal mask compares global positions, cross-entropy's take finds the label's
+    global position: cut over devices, the per-device program takes each cut axis's base
+    (napkin.devices.bases) — and means the global algorithm's block, entry for entry."""
+    import jax
+    import numpy as np
+    from napkin.devices.bases import with_bases
+    from napkin.frontend.library import get
+    d = distribute("causal_attention", "h200", {"q": 4096, "x": 4096, "d": 128}, "bf16", 4,
+                   strategy=[Strategy("shard", 4, shard="q"),
+                             Strategy("ring", 4, shard="q", stream="x")])
+    assert {p.strategy.kind: p.bases for p in d.priced} == {"shard": ("q",), "ring": ("q", "x")}
+    assert [ob.name for ob in d.best.local.algorithm.dom.inside][3:] in (["q_base"],
+                                                                        ["q_base", "x_base"])
+    rng = np.random.default_rng(2)
+    for name, axes, cut in (("causal_attention", ("q", "x"), {"q": (4, 8), "x": (8, 16)}),
+                            ("sliding_window_attention", ("q", "x"), {"q": (6, 12), "x": (0, 8)}),
+                            ("cross_entropy", ("v",), {"v": (8, 16)})):
+        alg = get(name)
+        sizes = {"q": 12, "x": 16, "d": 4} if "attention" in name else {"n": 5, "v": 16}
+        xs = [np.asarray(a) for a in alg.sample(rng, sizes)]
+        D = alg.diagram()
+        block = [x[tuple(slice(*cut[a]) if a in cut else slice(None) for a in ob.type.names)]
+                 for x, ob in zip(xs, D.dom.inside)]
+        with jax.enable_x64(True):
+            full = np.asarray(nk.evaluate(D)(*xs))
+            got = np.asarray(nk.evaluate(with_bases(D, axes))(
+                *block, *(np.int32(cut.get(a, (0,))[0]) for a in axes)))
+        if name == "cross_entropy":  # on the label's shard its logit, elsewhere none: 0
+            L, label = xs
+            mine = (label >= 8) & (label < 16)
+            lse = np.log(np.exp(L[:, 8:16]).sum(-1))
+            np.testing.assert_allclose(got, lse - np.where(mine, L[np.arange(5), label], 0),
+                                       rtol=1e-10)
+            continue
+        lo, hi = cut["q"]
+        keys = slice(*cut["x"])
+        # the block's meaning at the global positions, written out in numpy: a row that
+        # keeps no key of the block is zeros (napkin's softmax on a fully masked row)
+        mask_q = np.arange(lo, hi)[:, None]
+        mask_k = np.arange(*cut["x"])[None, :]
+        keep = mask_k <= mask_q
+        if name == "sliding_window_attention":
+            keep &= mask_k > mask_q - 4
+        s = xs[0][lo:hi] @ xs[1][keys].T / np.sqrt(4)
+        s = np.where(keep, s, -np.inf)
+        m = np.max(s, -1, keepdims=True)
+        p = np.where(keep, np.exp(s - np.where(np.isfinite(m), m, 0)), 0)
+        z = p.sum(-1, keepdims=True)
+        want = np.where(z > 0, p @ xs[2][keys] / np.where(z > 0, z, 1), 0)
+        np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+        assert full.shape == (12, 4)
 
 
 _HEAD = """
@@ -70,18 +109,28 @@ out = {}
 """
 
 _FORWARD = _HEAD + """
+import sys
 cases = [("attention", {"q": 4096, "x": 4096, "d": 128}, {"q": 40, "x": 96, "d": 16},
           [Strategy("shard", 4, shard="q"), Strategy("gather", 4, stream="x"),
            Strategy("ring", 4, shard="q", stream="x"), Strategy("ring", 8, shard="q",
            stream="x")]),
          ("gqa", {"k": 8, "r": 4, "q": 4096, "x": 4096, "d": 128},
-          {"k": 4, "r": 3, "q": 24, "x": 40, "d": 16},
-          [Strategy("shard", 4, shard="k"), Strategy("ring", 4, shard="q", stream="x")])]
-for name, big, small, strategies in cases:
+          {"k": 4, "r": 3, "q": 24, "x": 40, "d": 16}, [Strategy("shard", 4, shard="k")]),
+         # positions read along a cut axis: each device handed its base
+         ("causal_attention", {"q": 4096, "x": 4096, "d": 128}, {"q": 40, "x": 40, "d": 16},
+          [Strategy("shard", 4, shard="q"), Strategy("ring", 4, shard="q", stream="x")]),
+         ("sliding_window_attention", {"q": 4096, "x": 4096, "d": 128},
+          {"q": 40, "x": 40, "d": 16}, [Strategy("ring", 4, shard="q", stream="x")]),
+         ("cross_entropy", {"n": 4096, "v": 32768}, {"n": 8, "v": 64},
+          [Strategy("gather", 4, stream="v")])]
+half = int(sys.argv[1])  # the cases without (0) and with (1) positions read along a cut
+for name, big, small, strategies in cases[:2] if half == 0 else cases[2:]:
     alg = get(name)
-    xs = [np.asarray(a, np.float32) for a in alg.sample(rng, small)]
+    xs = [np.asarray(a, np.float32) if np.asarray(a).dtype.kind == "f" else np.asarray(a)
+          for a in alg.sample(rng, small)]
     with jax.enable_x64(True):
-        want = np.asarray(alg.reference(*(np.float64(a) for a in xs)))
+        want = np.asarray(alg.reference(*(np.float64(a) if a.dtype.kind == "f" else a
+                                          for a in xs)))
     priced = distribute(name, "h200", big, "f32", 8, strategy=strategies)
     for s in strategies:
         d = priced.choose(s).fit(small)
@@ -116,28 +165,34 @@ print(json.dumps(out))
 """
 
 
-def _on_eight_devices(script) -> dict:
+def _on_eight_devices(script, *args) -> dict:
     import json
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
                JAX_PLATFORMS="cpu")
-    run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+    run = subprocess.run([sys.executable, "-c", script, *args], env=env, capture_output=True,
                          text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
     return json.loads(run.stdout.splitlines()[-1])
 
 
-def test_strategies_run_on_eight_cpu_devices_as_the_model_says():
+@pytest.mark.parametrize("half", ["0", "1"], ids=["plain", "positions read along a cut"])
+def test_strategies_run_on_eight_cpu_devices_as_the_model_says(half):
     """Each strategy at ragged per-device sizes (q = 40 on 4 devices: 10 queries each)
-    equals the float64 reference; what it sends between devices, counted from its program's
+    equals the float64 reference — causal and window masks and cross-entropy's label take
+    with each device's base — and what it sends between devices, counted from its program's
     collectives, is the model's link bytes exactly."""
-    out = _on_eight_devices(_FORWARD)
+    out = _on_eight_devices(_FORWARD, half)
     for case, (err, counted, modelled) in out.items():
         assert err <= 1e-5, (case, err)
         assert counted == modelled, (case, counted, modelled)
-    assert out["attention ring over 8 devices: q cut, x passed round"][1] == \
-        7 * 2 * (96 // 8) * 16 * 4  # 7 steps pass K's and V's 12 keys on
-    assert out["attention gather over 4 devices: x cut, partial states merged"][1] == \
-        3 * 40 * (16 + 2) * 4       # 3 others' (μ, z, o) states
+    if half == "0":
+        assert out["attention ring over 8 devices: q cut, x passed round"][1] == \
+            7 * 2 * (96 // 8) * 16 * 4  # 7 steps pass K's and V's 12 keys on
+        assert out["attention gather over 4 devices: x cut, partial states merged"][1] == \
+            3 * 40 * (16 + 2) * 4       # 3 others' (μ, z, o) states
+    else:
+        assert len(out) == 4 and "cross_entropy gather over 4 devices: v cut, partial states " \
+            "merged" in out
 
 
 def test_gradients_go_through_a_shard_and_a_ring_says_it_has_none_yet():

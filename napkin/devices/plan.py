@@ -15,9 +15,11 @@ crosses the links:
 * ``gather x`` — ``x`` cut over n devices, each folding its chunk from the empty state, the
   partial states gathered (n − 1 states in, per device, over the link) and merged.
 
-A strategy that does not apply says why (no woven axis, no stream with a merge, a mask that
-reads positions — a ring's chunks would need their offsets — or sizes that do not fit a
-device's memory); :func:`distribute` returns them all, the fastest first.
+A box that reads positions along a cut axis (a causal or window mask, positions, a take) is
+handed the base of the device's share (napkin.devices.bases: the per-device program takes
+``<axis>_base``).  A strategy that does not apply says why (no woven axis, no stream with a
+merge, an input carrying both cut axes, sizes that do not fit a device's memory);
+:func:`distribute` returns them all, the fastest first.
 """
 from __future__ import annotations
 
@@ -40,6 +42,8 @@ class Priced:
     local: object = None         # the per-device Optimized
     sizes: dict = field(default_factory=dict)  # the per-device sizes
     why: str = ""                # why it does not apply ("" where it does)
+    bases: tuple = ()            # cut axes positions are read along: the per-device program
+                                 # takes each one's base (napkin.devices.bases)
 
     @property
     def applies(self) -> bool:
@@ -143,10 +147,12 @@ def distribute(algorithm, hardware="h200", sizes: dict | None = None, dtype: str
     sizes = sizes_for(diagram, sizes or {})
     cache: dict = {}
 
-    def searched(local: dict):
-        key = tuple(sorted(local.items()))
+    def searched(local: dict, bases: tuple = ()):
+        key = (tuple(sorted(local.items())), bases)
         if key not in cache:
-            cache[key] = optimize(diagram, hw, local, dtype, source=source,
+            from napkin.devices.bases import with_bases
+            cache[key] = optimize(with_bases(diagram, bases) if bases else diagram, hw, local,
+                                  dtype, source=None if bases else source,
                                   max_states=max_states, max_seconds=max_seconds)
         return cache[key]
 
@@ -250,19 +256,17 @@ def _price(s: Strategy, diagram, sizes, hw, dtype, searched) -> Priced:
     if why:
         p.why = why
         return p
-    for a in (s.shard, s.stream):
-        reader = _reads_positions(diagram, a) if a is not None else None
-        if reader:
-            p.why = (f"{reader} reads positions along {a}: each device's share would need "
-                     f"its offset (not built yet)")
-            return p
+    from napkin.devices.bases import position_readers
+    # a cut axis positions are read along: each device is handed its share's start
+    p.bases = tuple(a for a in (s.shard, s.stream)
+                    if a is not None and position_readers(diagram, a))
     for ob in diagram.dom.inside:
         try:
             layout(s, ob.type)
         except NapkinError as e:
             p.why = str(e)
             return p
-    opt = searched(local)
+    opt = searched(local, p.bases)
     p.local = opt
     if s.kind == "shard":
         return _priced_program(p, opt, local, hw, dtype)
@@ -369,18 +373,3 @@ def _fits_memory(diagram, local: dict, hw, dtype) -> str:
         return (f"a device's inputs and outputs take {need / 1e9:.3g} GB at these sizes, more "
                 f"than its {hw.hbm_bytes / 1e9:.3g} GB")
     return ""
-
-
-def _reads_positions(diagram, axis: str) -> str | None:
-    """The first box whose meaning depends on where along ``axis`` its entries are (a
-    causal or window mask, positions, a take along it: the semantics' offsets), or None —
-    a device's share of ``axis`` starts elsewhere than 0."""
-    from napkin.core.ir import primitive_boxes
-    for b in primitive_boxes(diagram):
-        spec = b.spec
-        kind = getattr(spec, "kind", None)
-        if kind == "mask" and axis in (spec.q, spec.k):
-            return b.name
-        if kind in ("positions", "take") and spec.axis == axis:
-            return b.name
-    return None

@@ -54,19 +54,23 @@ def lower_distributed(d, *, backend="auto", interpret="auto", dtype=None):
     ins, outs = array_types(d.algorithm.dom), array_types(d.algorithm.cod)
     _divides(d, s)
     in_specs = tuple(spec(t, layout(s, t)) for t in ins)
+    local_names = [ob.name for ob in p.local.algorithm.dom.inside]  # the inputs, the bases
+    bases = _bases(p)
     if s.kind == "shard":
-        body = p.local.kernel(backend, interpret=interpret, dtype=dtype)
+        kernel = p.local.kernel(backend, interpret=interpret, dtype=dtype)
+        body = lambda *xs: kernel(*xs, *bases(0))  # noqa: E731
         out_specs = tuple(spec(t, layout(s, t)) for t in outs)
     else:
-        parts, merge_box, finalize, merge = _split(p, backend, interpret, dtype)
+        parts, merge_box, finalize, merge, fixed = _split(p, backend, interpret, dtype)
         if s.kind == "gather":  # the merge folds every device's parts: the whole axis's
             import sympy
             merge_box = merge_box.bound({sympy.Symbol(s.stream, integer=True, positive=True):
                                          d.sizes[s.stream]})
-            body = _gather(parts, merge_box, ins, s)
+            body = _gather(parts, merge_box, local_names, s, bases)
             out_specs = tuple(spec(t, None) for t in outs)
         else:
-            body = _ring(parts, merge, finalize, ins, s)
+            body = _ring((parts, merge, finalize, fixed), array_types(p.local.algorithm.dom),
+                         local_names, s, bases)
             out_specs = tuple(spec(t, layout(s, t)) for t in outs)
     one = len(outs) == 1
     f = jax.shard_map(body if not one else (lambda *xs: _tupled(body(*xs))), mesh=mesh,
@@ -99,6 +103,29 @@ def _no_derivative(f, s):
                           f"yet (a shard strategy's kernel has one)")
     g.defvjp(fwd, bwd)
     return g
+
+
+def _bases(p):
+    """``bases(step)``: the int32 starts of this device's shares of the axes the per-device
+    program reads positions along (p.bases), inside shard_map; a ring's streamed axis at
+    ``step`` holds the chunk that started on device i − step."""
+    import jax
+    import jax.numpy as jnp
+    s = p.strategy
+
+    def bases(step):
+        i = jax.lax.axis_index(AXIS)
+        out = []
+        for a in p.bases:
+            owner = (i - step) % s.devices if s.kind == "ring" and a == s.stream else i
+            out.append((owner * p.sizes[a]).astype(jnp.int32))
+        return out
+    return bases
+
+
+def by_name(kernel, values: dict) -> list:
+    """``kernel``'s inputs from ``values`` by name (a box's wires come in its own order)."""
+    return [values[n] for n in kernel.in_names]
 
 
 def _tupled(out):
@@ -142,45 +169,46 @@ def _split(p, backend, interpret, dtype):
                      keep=states) for b in (first, second)]
     (_, stream), _ = mergeable_stream(opt.sequential.program if opt.sequential else opt.program)
     spec = stream.spec
-    return kernels[0], kernels[1], evaluate(spec.finalize), evaluate(spec.merge)
+    fixed = [ob.name for ob in stream.dom.inside if not ob.type.has(spec.axis)]
+    return kernels[0], kernels[1], evaluate(spec.finalize), evaluate(spec.merge), fixed
 
 
-def _gather(parts, merge_box, ins, s):
+def _gather(parts, merge_box, names, s, bases):
     """Each device's partial states, gathered along the parts axis; merged and finalised on
     every device (the states are small: a row statistic and a row of the output each)."""
     import jax
-    fixed = [i for i, t in enumerate(ins) if not t.has(s.stream)]
 
     def body(*xs):
-        states = _tupled(parts(*xs))
+        values = dict(zip(names, [*xs, *bases(0)]))
+        states = _tupled(parts(*by_name(parts, values)))
         gathered = [jax.lax.all_gather(st, AXIS, axis=0, tiled=True) for st in states]
-        return _tupled(merge_box(*gathered, *[xs[i] for i in fixed]))
+        values.update(zip(merge_box.in_names, gathered))  # the states by their names
+        return _tupled(merge_box(*by_name(merge_box, values)))
     return body
 
 
-def _ring(parts, merge, finalize, ins, s):
+def _ring(split, ins, names, s, bases):
     """Fold the chunk a device holds, pass the chunks on, merge: s.devices steps."""
     import jax
+    parts, merge, finalize, fixed = split
     n = s.devices
-    moving = [i for i, t in enumerate(ins) if t.has(s.stream)]
-    fixed = [i for i, t in enumerate(ins) if not t.has(s.stream)]
+    streamed = [j for j, t in enumerate(ins) if t.has(s.stream)]
     perm = [(j, (j + 1) % n) for j in range(n)]
-
-    def squeeze(states):  # one part per device and step: drop the parts axis
-        return [st[0] for st in states]
 
     def body(*xs):
         cur = list(xs)
         state = None
         for step in range(n):
             if step < n - 1:  # the next chunk's transfer, issued before this fold
-                nxt = jax.lax.ppermute([cur[i] for i in moving], AXIS, perm)
-            part = squeeze(_tupled(parts(*cur)))
+                nxt = jax.lax.ppermute([cur[j] for j in streamed], AXIS, perm)
+            values = dict(zip(names, [*cur, *bases(step)]))
+            part = [st[0] for st in _tupled(parts(*by_name(parts, values)))]  # one part
             state = part if state is None else _tupled(merge(*state, *part))
             if step < n - 1:
-                for i, m in zip(moving, nxt):
-                    cur[i] = m
-        return _tupled(finalize(*state, *[xs[i] for i in fixed]))
+                for j, m in zip(streamed, nxt):
+                    cur[j] = m
+        values = dict(zip(names, [*xs, *bases(0)]))
+        return _tupled(finalize(*state, *(values[nm] for nm in fixed)))
     return body
 
 
