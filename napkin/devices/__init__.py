@@ -14,7 +14,8 @@ work into independent pieces.  The strategies (:mod:`.plan`):
 * ``gather`` — the streamed axis cut over the devices, each folding its chunk from the
   empty state, the partial states gathered and merged (flash-decoding across devices).
 
-Each is priced (:mod:`.plan`) from the single-device search at the per-device sizes (the
+A box that reads positions along a cut axis (a causal mask, a take) is handed the base of
+the device's share (:mod:`.bases`).  Each is priced (:mod:`.plan`) from the single-device search at the per-device sizes (the
 launch model's time) plus the link: bytes over ``Hardware.link_bytes_per_s`` and
 ``link_latency_s`` per message, a ring's transfers overlapped with the compute they hide
 behind; the choice is the fastest, explained.  The lowering (:mod:`.spmd`) is JAX's SPMD
