@@ -157,10 +157,9 @@ out["grad"] = max(float(np.max(np.abs(np.asarray(g) - np.asarray(w))) /
                         np.max(np.abs(np.asarray(w)))) for g, w in zip(got, want))
 k = priced.choose(Strategy("ring", 4, shard="q", stream="x")).fit(
     {"q": 40, "x": 96, "d": 16}).kernel("triton", interpret=True)
-try:
-    jax.grad(loss(k))(*xs)
-except nk.NapkinError as e:
-    out["ring grad"] = str(e)
+got = jax.grad(loss(k), (0, 1, 2))(*xs)
+out["ring grad"] = max(float(np.max(np.abs(np.asarray(g) - np.asarray(w))) /
+                             np.max(np.abs(np.asarray(w)))) for g, w in zip(got, want))
 print(json.dumps(out))
 """
 
@@ -195,7 +194,8 @@ def test_strategies_run_on_eight_cpu_devices_as_the_model_says(half):
             "merged" in out
 
 
-def test_gradients_go_through_a_shard_and_a_ring_says_it_has_none_yet():
+def test_gradients_go_through_a_shard_and_a_ring():
+    """A shard's kernel has napkin's derived backward on each device; a ring's runs the
+    forward that saves L, then the backward programs, each distributed in turn."""
     out = _on_eight_devices(_GRAD)
-    assert out["grad"] <= 1e-4
-    assert "have no derivative yet" in out["ring grad"]
+    assert out["grad"] <= 1e-4 and out["ring grad"] <= 1e-4, out

@@ -121,22 +121,55 @@ class Distributed:
 
     def kernel(self, backend: str = "auto", *, interpret="auto", dtype: str | None = None):
         """The chosen strategy as a JAX function of the global arrays, on JAX's SPMD engine
-        (:mod:`napkin.devices.spmd`)."""
+        (:mod:`napkin.devices.spmd`), with a derivative: ``jax.grad`` through it runs the
+        forward that saves what the backward reads and the algorithm's backward programs,
+        each distributed in turn (searched when first differentiated)."""
         from napkin.devices.spmd import lower_distributed
-        return lower_distributed(self, backend=backend, interpret=interpret, dtype=dtype)
+
+        def derivative():
+            return self._derivative(backend, interpret, dtype)
+        return lower_distributed(self, backend=backend, interpret=interpret, dtype=dtype,
+                                 derivative=derivative)
+
+    def _derivative(self, backend, interpret, dtype):
+        """(the distributed saving forward's kernel, [(input names, the distributed backward
+        program's kernel)]) at these sizes: each distributed by the same pricing (the saving
+        forward as this one where it applies)."""
+        from napkin.frontend.grad import grad, residuals
+        from napkin.pipeline import backward_groups
+
+        def distributed(diagram, strategy=None):
+            n = self.strategy.devices
+            d = None
+            if strategy is not None:
+                try:
+                    d = distribute(diagram, self.hardware, self.sizes, self.dtype, n,
+                                   arrive=self.arrive, strategy=strategy)
+                except NapkinError:
+                    d = None  # it does not apply to this program: priced like any other
+            if d is None:
+                d = distribute(diagram, self.hardware, self.sizes, self.dtype, n,
+                               arrive=self.arrive, all_devices=True)
+            return d.kernel(backend, interpret=interpret, dtype=dtype)
+        saving = distributed(residuals(self.algorithm), self.strategy)
+        pieces = []
+        for names in backward_groups(self.algorithm):
+            wrt = names[0] if len(names) == 1 else list(names)
+            pieces.append((names, distributed(grad(self.algorithm, wrt=wrt, residuals=True))))
+        return saving, pieces
 
 
 def distribute(algorithm, hardware="h200", sizes: dict | None = None, dtype: str | None = "bf16",
                devices: int | None = None, *, arrive: tuple | None = None,
-               strategy: Strategy | None = None, max_states: int = 2000,
-               max_seconds: float = 60.0) -> Distributed:
+               strategy: Strategy | None = None, all_devices: bool = False,
+               max_states: int = 2000, max_seconds: float = 60.0) -> Distributed:
     """Price every way of running ``algorithm`` on ``devices`` chips of ``hardware`` (default:
     the profile's ``devices``), fastest first.  ``arrive``: the axes the inputs come cut
     along (a sequence-parallel model hands attention Q cut along q and K, V along x:
     ``("q", "x")``); a strategy that wants an input otherwise gathers it first, over the
     link (default: each strategy's own layout, nothing moved before it runs).
-    ``strategy``: price that one only (or those, a list).  Sizes and dtype as
-    :func:`napkin.optimize`."""
+    ``strategy``: price that one only (or those, a list); ``all_devices``: only strategies
+    on all ``devices`` (and one device).  Sizes and dtype as :func:`napkin.optimize`."""
     from napkin.hardware import get_hardware
     from napkin.pipeline import optimize, resolve, sizes_for
     hw = get_hardware(hardware)
@@ -164,6 +197,8 @@ def distribute(algorithm, hardware="h200", sizes: dict | None = None, dtype: str
                           f"{', '.join(sizes)})")
     wanted = candidates(diagram, whole, sizes, n) if strategy is None else \
         list(strategy) if isinstance(strategy, (list, tuple)) else [strategy]
+    if all_devices:
+        wanted = [w for w in wanted if w.devices in (1, n)]
     priced = [price(s, diagram, whole, sizes, hw, dtype, searched, arrive) for s in wanted]
     priced.sort(key=lambda p: (not p.applies, p.time_s, p.strategy.devices))
     if not priced[0].applies:

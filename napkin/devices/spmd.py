@@ -12,8 +12,10 @@ communication layer of napkin's own.  The per-device body is napkin's single-dev
   fold so the transfer hides behind it) and merges the states step by step with the
   accumulator's own merge (napkin's semantics of ``Stream.merge``), then finalises.
 
-``jax.grad`` goes through ``shard``'s kernel (napkin's derived backward); a gather's and a
-ring's partial-state kernels have no derivative yet.
+``jax.grad`` goes through ``shard``'s kernel (napkin's derived backward on each device); a
+gather's and a ring's partial-state kernels have none of their own, so their derivative is
+the algorithm's: the forward that saves each softmax's L and the backward programs
+(``napkin.grad``), each distributed in turn (:func:`_with_derivative`).
 """
 from __future__ import annotations
 
@@ -40,9 +42,12 @@ def spec(t, cut: str | None):
     return P(*(AXIS if a.name == cut else None for a in t.axes))
 
 
-def lower_distributed(d, *, backend="auto", interpret="auto", dtype=None):
+def lower_distributed(d, *, backend="auto", interpret="auto", dtype=None, derivative=None):
     """``d`` (a :class:`napkin.devices.Distributed`) as a jitted function of the global
-    arrays, in the diagram's input order; outputs cut as the strategy leaves them."""
+    arrays, in the diagram's input order; outputs cut as the strategy leaves them.
+    ``derivative``: (the saving forward, the backward pieces) as distributed kernels, built
+    when first differentiated (a ring's or a gather's partial-state kernels have no backward
+    of their own: :func:`_with_derivative`)."""
     import jax
     from napkin.core.arrays import array_types
     from napkin.devices.strategy import layout
@@ -75,8 +80,8 @@ def lower_distributed(d, *, backend="auto", interpret="auto", dtype=None):
     one = len(outs) == 1
     f = jax.shard_map(body if not one else (lambda *xs: _tupled(body(*xs))), mesh=mesh,
                       in_specs=in_specs, out_specs=out_specs, check_vma=False)
-    if s.kind != "shard":
-        f = _no_derivative(f, s)
+    if s.kind != "shard" and derivative is not None:
+        f = _with_derivative(f, d, derivative)
     jitted = jax.jit((lambda *xs: f(*xs)[0]) if one else f)
 
     def call(*xs, interpret=None):  # (interpret: as the kernels were built; kept for callers
@@ -85,22 +90,45 @@ def lower_distributed(d, *, backend="auto", interpret="auto", dtype=None):
     return call
 
 
-def _no_derivative(f, s):
-    """``f`` whose derivative is one line: a partial-state kernel has no backward yet (the
-    distributed backward — dQ ringed as the forward, dK and dV summed over the devices — is
-    the next step)."""
+def _with_derivative(f, d, derivative):
+    """``f`` (the distributed forward) with the derivative the algorithm's own backward gives,
+    distributed in turn: differentiated, the forward that also saves each softmax's L runs
+    (distributed as this one), then one distributed program per group of floating inputs
+    (napkin.grad's, each priced and cut as its own structure asks: dQ rings the keys as the
+    forward does, dK and dV ring the queries).  ``derivative()``: (saving kernel, [(input
+    names, backward kernel)]); integer inputs get no cotangent."""
     import jax
+    import jax.numpy as jnp
+    from napkin.core.arrays import array_types
+    from napkin.core.primitives import FLOATING
+    ins, outs = array_types(d.algorithm.dom), array_types(d.algorithm.cod)
+    names = [ob.name for ob in d.algorithm.dom.inside]
+    floating_out = [i for i, t in enumerate(outs) if t.dtype in FLOATING]
+    built = {}
+
+    def kernels():
+        if "k" not in built:
+            built["k"] = derivative()
+        return built["k"]
 
     @jax.custom_vjp
     def g(*xs):
         return f(*xs)
 
     def fwd(*xs):
-        return f(*xs), None
+        out = _tupled(kernels()[0](*xs))
+        ys, saved = out[:len(outs)], out[len(outs):]
+        return tuple(ys), (xs, [ys[i] for i in floating_out], list(saved))
 
-    def bwd(_, __):
-        raise NapkinError(f"jax.grad through {s}: the partial-state kernels have no derivative "
-                          f"yet (a shard strategy's kernel has one)")
+    def bwd(res, cts):
+        xs, ys, saved = res
+        seeds = [jnp.zeros(jnp.shape(y), y.dtype) if cts[i] is None else cts[i]
+                 for i, y in zip(floating_out, ys)]
+        got = {}
+        for group, k in kernels()[1]:
+            got.update(zip(group, _tupled(k(*xs, *ys, *saved, *seeds))))
+        return tuple(got[n].astype(jnp.result_type(x)) if n in got else None
+                     for n, x, t in zip(names, xs, ins))
     g.defvjp(fwd, bwd)
     return g
 
