@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from napkin.core.errors import NapkinError
 from napkin.devices.strategy import ONE, Strategy, layout, mergeable_stream
 
+
 @dataclass
 class Priced:
     """A strategy's modelled time per call, what bounds it, and its per-device program."""
@@ -258,7 +259,7 @@ def candidates(diagram, whole, sizes: dict, n: int) -> list:
 # --------------------------------------------------------------------------- the prices
 def price(s: Strategy, diagram, whole, sizes, hw, dtype, searched, arrive=()) -> Priced:
     if s.kind == ONE:
-        return _priced_program(Priced(s, local=whole, sizes=dict(sizes)), whole, sizes, hw, dtype)
+        return _priced_program(Priced(s, local=whole, sizes=dict(sizes)), whole, sizes)
     p = _price(s, diagram, sizes, hw, dtype, searched)
     if not p.applies or not arrive:
         return p
@@ -304,7 +305,7 @@ def _price(s: Strategy, diagram, sizes, hw, dtype, searched) -> Priced:
     opt = searched(local, p.bases)
     p.local = opt
     if s.kind == "shard":
-        return _priced_program(p, opt, local, hw, dtype)
+        return _priced_program(p, opt, local)
     # a device's fold of its chunk: one stream (a gather may split it over the SMs as well:
     # the split's parts are merged with the other devices' states)
     seq = opt.sequential or opt
@@ -356,7 +357,7 @@ def local_sizes(s: Strategy, sizes: dict) -> dict:
     return local
 
 
-def _priced_program(p: Priced, opt, sizes, hw, dtype) -> Priced:
+def _priced_program(p: Priced, opt, sizes) -> Priced:
     p.compute_s = p.time_s = opt.search.best.time_s
     p.bound = _bound(opt, sizes)
     return p

@@ -36,7 +36,7 @@ def mesh_of(n: int):
     return Mesh(np.array(have[:n]), (AXIS,))
 
 
-def spec(t, cut: str | None):
+def partition_spec(t, cut: str | None):
     """The PartitionSpec of an array of type ``t`` cut along ``cut`` (None: whole)."""
     from jax.sharding import PartitionSpec as P
     return P(*(AXIS if a.name == cut else None for a in t.axes))
@@ -58,13 +58,13 @@ def lower_distributed(d, *, backend="auto", interpret="auto", dtype=None, deriva
     mesh = mesh_of(s.devices)
     ins, outs = array_types(d.algorithm.dom), array_types(d.algorithm.cod)
     _divides(d, s)
-    in_specs = tuple(spec(t, layout(s, t)) for t in ins)
+    in_specs = tuple(partition_spec(t, layout(s, t)) for t in ins)
     local_names = [ob.name for ob in p.local.algorithm.dom.inside]  # the inputs, the bases
     bases = _bases(p)
     if s.kind == "shard":
         kernel = p.local.kernel(backend, interpret=interpret, dtype=dtype)
         body = lambda *xs: kernel(*xs, *bases(0))  # noqa: E731
-        out_specs = tuple(spec(t, layout(s, t)) for t in outs)
+        out_specs = tuple(partition_spec(t, layout(s, t)) for t in outs)
     else:
         parts, merge_box, finalize, merge, fixed = _split(p, backend, interpret, dtype)
         if s.kind == "gather":  # the merge folds every device's parts: the whole axis's
@@ -72,11 +72,11 @@ def lower_distributed(d, *, backend="auto", interpret="auto", dtype=None, deriva
             merge_box = merge_box.bound({sympy.Symbol(s.stream, integer=True, positive=True):
                                          d.sizes[s.stream]})
             body = _gather(parts, merge_box, local_names, s, bases)
-            out_specs = tuple(spec(t, None) for t in outs)
+            out_specs = tuple(partition_spec(t, None) for t in outs)
         else:
             body = _ring((parts, merge, finalize, fixed), array_types(p.local.algorithm.dom),
                          local_names, s, bases)
-            out_specs = tuple(spec(t, layout(s, t)) for t in outs)
+            out_specs = tuple(partition_spec(t, layout(s, t)) for t in outs)
     one = len(outs) == 1
     f = jax.shard_map(body if not one else (lambda *xs: _tupled(body(*xs))), mesh=mesh,
                       in_specs=in_specs, out_specs=out_specs, check_vma=False)
