@@ -46,10 +46,10 @@ def test_a_million_tokens_on_eight_h200s_ring_their_keys():
 def test_a_cut_along_an_axis_positions_are_read_along_hands_each_device_its_base():
     """A causal mask compares global positions, cross-entropy's take finds the label's
     global position: cut over devices, the per-device program takes each cut axis's base
-    (napkin.devices.bases) — and means the global algorithm's block, entry for entry."""
+    (napkin.frontend.bases) — and means the global algorithm's block, entry for entry."""
     import jax
     import numpy as np
-    from napkin.devices.bases import with_bases
+    from napkin.frontend.bases import with_bases
     from napkin.frontend.library import get
     d = distribute("causal_attention", "h200", {"q": 4096, "x": 4096, "d": 128}, "bf16", 4,
                    strategy=[Strategy("shard", 4, shard="q"),
@@ -199,3 +199,24 @@ def test_gradients_go_through_a_shard_and_a_ring():
     forward that saves L, then the backward programs, each distributed in turn."""
     out = _on_eight_devices(_GRAD)
     assert out["grad"] <= 1e-4 and out["ring grad"] <= 1e-4, out
+
+
+def test_a_rings_certificates_replay_and_a_tampered_one_is_rejected():
+    """The decomposition over the devices (the group partition of the queries, one share a
+    device, and the stream partition of the keys, one chunk a device: proved rules, the
+    shares as tiles) and each device's program (derived on its block, the bases as
+    inputs: {"bases": "causal_attention", "axes": ["q", "x"]}) both replay in the
+    independent checker; a decomposition whose chunk was edited is rejected."""
+    from napkin.certify.checker import check_certificate
+    d = distribute("causal_attention", "h200", {"q": 4096, "x": 4096, "d": 128}, "bf16", 4,
+                   strategy=Strategy("ring", 4, shard="q", stream="x"))
+    (what, decomposition), (_, local) = d.certificates()
+    assert [s.rule for s in decomposition.steps] == ["group_partition", "stream_partition"]
+    assert decomposition.steps[0].params["level"] == "gmem"
+    assert local.to_dict()["algorithm"] == {"bases": "causal_attention", "axes": ["q", "x"]}
+    for cert in (decomposition, local):
+        report = check_certificate(cert.to_dict())
+        assert report.ok, report
+    bad = decomposition.to_dict()
+    bad["steps"][1]["params"]["axis"] = "d"
+    assert not check_certificate(bad).ok

@@ -256,6 +256,11 @@ def load_algorithm(spec, base: Path | None = None, prebuilt: dict | None = None)
         from napkin.frontend.grad import residuals
         inner = load_algorithm(spec["residuals"], base, prebuilt)
         return Source(spec_label(spec), lambda dtype="f32": residuals(inner.build(dtype)))
+    if is_bases_spec(spec):  # one device's block: positions along cut axes from its bases
+        from napkin.frontend.bases import with_bases
+        inner, axes = load_algorithm(spec["bases"], base, prebuilt), tuple(spec["axes"])
+        return Source(spec_label(spec), lambda dtype="f32": with_bases(inner.build(dtype),
+                                                                       axes))
     if prebuilt is not None:
         return _rebuilt(spec, prebuilt)
     path, name = algorithm_file(spec, base)
@@ -298,6 +303,8 @@ def from_specs(spec) -> list[dict]:
         return from_specs(spec["grad"])
     if is_saving_spec(spec):
         return from_specs(spec["residuals"])
+    if is_bases_spec(spec):
+        return from_specs(spec["bases"])
     return [spec] if isinstance(spec, dict) and "from" in spec else []
 
 
@@ -609,6 +616,14 @@ def is_saving_spec(spec) -> bool:
     return isinstance(spec, dict) and set(spec) == {"residuals"}
 
 
+def is_bases_spec(spec) -> bool:
+    """``{"bases": SOURCE, "axes": [AXES]}``: SOURCE as one device runs its share of the
+    axes — positions along each read from an int32 input, its base (napkin.frontend.bases)."""
+    axes = spec.get("axes") if isinstance(spec, dict) else None
+    return isinstance(spec, dict) and set(spec) == {"bases", "axes"} and \
+        isinstance(axes, list) and bool(axes) and all(isinstance(a, str) for a in axes)
+
+
 def spec_label(spec) -> str:
     """How a certificate's algorithm is named in messages."""
     if is_grad_spec(spec):
@@ -618,6 +633,8 @@ def spec_label(spec) -> str:
         return f"grad of {spec_label(spec['grad'])}{wrt}{saved}"
     if is_saving_spec(spec):
         return f"{spec_label(spec['residuals'])} saving its residuals"
+    if is_bases_spec(spec):
+        return f"{spec_label(spec['bases'])} on one device's share of {', '.join(spec['axes'])}"
     if isinstance(spec, dict):
         return str(spec.get("from", repr(spec)))
     return spec if isinstance(spec, str) else repr(spec)
@@ -629,6 +646,8 @@ def _relative(spec, origin, folder):
         return {**spec, "grad": _relative(spec["grad"], origin, folder)}
     if is_saving_spec(spec):
         return {"residuals": _relative(spec["residuals"], origin, folder)}
+    if is_bases_spec(spec):
+        return {**spec, "bases": _relative(spec["bases"], origin, folder)}
     if not isinstance(spec, dict):
         return spec
     file, _, name = spec["from"].rpartition(":")

@@ -15,10 +15,13 @@ work into independent pieces.  The strategies (:mod:`.plan`):
   empty state, the partial states gathered and merged (flash-decoding across devices).
 
 A box that reads positions along a cut axis (a causal mask, a take) is handed the base of
-the device's share (:mod:`.bases`).  Each is priced (:mod:`.plan`) from the single-device search at the per-device sizes (the
-launch model's time) plus the link: bytes over ``Hardware.link_bytes_per_s`` and
-``link_latency_s`` per message, a ring's transfers overlapped with the compute they hide
-behind; the choice is the fastest, explained.  The lowering (:mod:`.spmd`) is JAX's SPMD
+the device's share (:mod:`napkin.frontend.bases`).  Each is priced (:mod:`.plan`) from the
+single-device search at the per-device sizes (the launch model's time) plus the link: bytes
+over ``Hardware.link_bytes_per_s`` and ``link_latency_s`` per message, a ring's transfers
+overlapped with the compute they hide behind; the choice is the fastest, explained.  Its
+certificates (:meth:`.plan.Distributed.certificates`) are the device-level decomposition —
+proved rules with the shares as tiles — and each device's program, both replayed by
+``napkin check``.  The lowering (:mod:`.spmd`) is JAX's SPMD
 engine: ``jax.shard_map`` over a one-axis mesh, ``ppermute`` and ``all_gather``; the
 per-device body is the single-device kernel napkin already writes (Pallas on a GPU,
 interpret mode on a CPU).

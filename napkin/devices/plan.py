@@ -16,7 +16,7 @@ crosses the links:
   partial states gathered (n − 1 states in, per device, over the link) and merged.
 
 A box that reads positions along a cut axis (a causal or window mask, positions, a take) is
-handed the base of the device's share (napkin.devices.bases: the per-device program takes
+handed the base of the device's share (napkin.frontend.bases: the per-device program takes
 ``<axis>_base``).  A strategy that does not apply says why (no woven axis, no stream with a
 merge, an input carrying both cut axes, sizes that do not fit a device's memory);
 :func:`distribute` returns them all, the fastest first.
@@ -44,7 +44,7 @@ class Priced:
     sizes: dict = field(default_factory=dict)  # the per-device sizes
     why: str = ""                # why it does not apply ("" where it does)
     bases: tuple = ()            # cut axes positions are read along: the per-device program
-                                 # takes each one's base (napkin.devices.bases)
+                                 # takes each one's base (napkin.frontend.bases)
 
     @property
     def applies(self) -> bool:
@@ -72,6 +72,7 @@ class Distributed:
     devices: int
     priced: list                # Priced, fastest first; inapplicable ones last
     arrive: tuple = ()          # the axes the inputs come cut along
+    source: object = None       # what a certificate names the algorithm by (a library name…)
 
     @property
     def best(self) -> Priced:
@@ -119,6 +120,56 @@ class Distributed:
             p.strategy, self.algorithm, local, self.dtype, state), arrival_bytes=arrival_bytes(
             p.strategy, self.algorithm, sizes, self.dtype, self.arrive))
         return dataclasses.replace(self, sizes=sizes, priced=[fitted])
+
+    def certificates(self) -> list:
+        """[(what, Certificate)] of the chosen strategy, each replayed by ``napkin check``: the
+        decomposition over the devices — the algorithm's eager readings, then the group
+        partition of the cut woven axis (one share per device, at GMEM) and, for a ring, the
+        stream partition of the cut streamed axis in one chunk per device, for a gather its
+        stream split in one part per device (split_stream) — with the shares as tiles; and
+        the per-device program's own derivation (on its block, the bases as inputs)."""
+        from napkin.certify.certificate import derive_from, load_algorithm
+        from napkin.core.ir import ops as op_order, view
+        from napkin.core.region import Site, body_at
+        from napkin.pipeline import check_instance
+        from napkin.search.engine import eager_moves
+        s = self.strategy
+        if self.source is None:
+            raise NapkinError(f"{self.name}: a bare diagram names no algorithm the checker can "
+                              f"rebuild; distribute a library name or {{'from': FILE:NAME}}")
+        program, eager = eager_moves(self.algorithm)
+        steps = [(m.rule, m.site, m.params_dict) for m in eager]
+        tiles, share = {}, local_sizes(s, self.sizes)
+
+        def everything(path):
+            return Site(path, tuple(range(len(op_order(view(body_at(program, path)))))))
+
+        def step(rule, path, params):
+            nonlocal program
+            from rewrites import RULES
+            site = everything(path)
+            program = RULES[rule].apply(program, site, params)
+            steps.append((rule, site, params))
+        if s.shard is not None:
+            tiles[f"dev_{s.shard}"] = share[s.shard]
+            step("group_partition", (), {"axis": s.shard, "size": f"dev_{s.shard}",
+                                         "level": "gmem"})
+        if s.stream is not None:
+            tiles[f"dev_{s.stream}"] = share[s.stream]
+            if s.kind == "ring":
+                step("stream_partition", (0,), {"axis": s.stream, "chunk": f"dev_{s.stream}"})
+            else:  # each part is one device's share, folded in one chunk
+                tiles[f"chunk_{s.stream}"] = share[s.stream]
+                step("stream_partition", (), {"axis": s.stream, "chunk": f"chunk_{s.stream}"})
+                step("split_stream", (), {"axis": s.stream, "size": f"dev_{s.stream}"})
+        small, small_tiles = check_instance(self.sizes, tiles)
+        out = [("the decomposition over the devices",
+                derive_from(load_algorithm(self.source), self.source, steps, small,
+                            small_tiles, "f32"))]
+        local = self.best.local.certificate
+        if local is not None:
+            out.append(("each device's program", local))
+        return out
 
     def kernel(self, backend: str = "auto", *, interpret="auto", dtype: str | None = None):
         """The chosen strategy as a JAX function of the global arrays, on JAX's SPMD engine
@@ -184,10 +235,12 @@ def distribute(algorithm, hardware="h200", sizes: dict | None = None, dtype: str
     def searched(local: dict, bases: tuple = ()):
         key = (tuple(sorted(local.items())), bases)
         if key not in cache:
-            from napkin.devices.bases import with_bases
+            from napkin.frontend.bases import with_bases
+            own = source if not bases or source is None else \
+                {"bases": source, "axes": list(bases)}  # a certificate names the block
             cache[key] = optimize(with_bases(diagram, bases) if bases else diagram, hw, local,
-                                  dtype, source=None if bases else source,
-                                  max_states=max_states, max_seconds=max_seconds)
+                                  dtype, source=own, max_states=max_states,
+                                  max_seconds=max_seconds)
         return cache[key]
 
     whole = searched(sizes)
@@ -204,7 +257,7 @@ def distribute(algorithm, hardware="h200", sizes: dict | None = None, dtype: str
     priced.sort(key=lambda p: (not p.applies, p.time_s, p.strategy.devices))
     if not priced[0].applies:
         raise NapkinError(f"{name}: {priced[0].explain()}")
-    return Distributed(name, diagram, hw, sizes, dtype, n, priced, arrive)
+    return Distributed(name, diagram, hw, sizes, dtype, n, priced, arrive, source)
 
 
 # --------------------------------------------------------------------------- the candidates
@@ -292,7 +345,7 @@ def _price(s: Strategy, diagram, sizes, hw, dtype, searched) -> Priced:
     if why:
         p.why = why
         return p
-    from napkin.devices.bases import position_readers
+    from napkin.frontend.bases import position_readers
     # a cut axis positions are read along: each device is handed its share's start
     p.bases = tuple(a for a in (s.shard, s.stream)
                     if a is not None and position_readers(diagram, a))

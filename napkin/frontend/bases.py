@@ -1,5 +1,5 @@
-"""A device's share of an axis starts elsewhere than 0: the boxes that read positions along
-it read them from a base the device is handed.
+"""A share of an axis that starts elsewhere than 0 (a device's, napkin.devices): the boxes
+that read positions along it read them from a base it is handed.
 
 A causal or window mask compares global positions, positions are global, a take along an
 axis finds the global position its index names (napkin's semantics: ``EvalContext.offsets``).
