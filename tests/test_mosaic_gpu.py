@@ -79,6 +79,8 @@ def test_exports_for_cuda_with_wgmma_tma_and_setmaxnreg(case):
     consumers = spec.launch["consumer_warpgroups"]
     assert facts.wgmma > 0 and facts.tma_loads > 0 and facts.tma_stores >= len(spec.plan.outputs)
     assert facts.threads == 128 * (consumers + 1)  # the consumers and one producer
+    if "matmul" not in case:  # a softmax's exp2 on the SFU (approx_math), as JAX's kernels
+        assert facts.approx_exp > 0
     assert set(facts.setmaxnreg) == {("dec", str(mg.PRODUCER_REGISTERS)),
                                      ("inc", str(mg.consumer_registers(consumers)))}
     # shared memory: exactly what the backend lays out, whose staged part is the schedule's

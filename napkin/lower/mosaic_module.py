@@ -60,6 +60,7 @@ class ModuleFacts:
     setmaxnreg: tuple         # the register counts set (("dec", "40"), ("inc", "232"))
     threads: int
     wgmma_kinds: tuple = ()   # the distinct wgmma instructions (shape and operand types)
+    approx_exp: int = 0       # ex2.approx: exp2 on the special-function unit (approx_math)
 
     @classmethod
     def read(cls, module: str) -> ModuleFacts:
@@ -75,4 +76,5 @@ class ModuleFacts:
                    tuple(re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32 (\d+)", module)),
                    int(threads[0]) if threads else 0,
                    tuple(sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.([\w.]+)",
-                                               module)))))
+                                               module)))),
+                   len(re.findall(r"ex2\.approx", module)))

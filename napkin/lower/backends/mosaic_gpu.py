@@ -733,6 +733,8 @@ class _Spelling:
                              f"manual_axis_type=_varying({args}))"
                              for o in plan.outputs)
         fwd = ["", "",
+               "# exp2 as the SFU's ex2.approx (as JAX's own Mosaic attention compiles it)",
+               "_PARAMS = plgpu.CompilerParams(approx_math=True)", "",
                f"def {k.symbol('forward')}({args}, *, interpret=False):",
                f'    """{", ".join(o.name for o in plan.outputs)} = '
                f'{k.symbol("forward")}({args})"""',
@@ -742,7 +744,7 @@ class _Spelling:
                "      with jax.enable_x64(False):",
                f"        return plgpu.kernel({k.symbol('kernel')}, out_type=[{out_type}], "
                f"grid={grid}, grid_names=({', '.join(names)},), num_threads={threads}, "
-               f"thread_name='wg', **extra)({args})",
+               f"thread_name='wg', compiler_params=_PARAMS, **extra)({args})",
                "    finally:",
                "        _MODE['interpret'] = False"]
         definitions = "\n".join(["", *(f"# {line}" for line in what if k.suffix)]
