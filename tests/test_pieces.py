@@ -63,7 +63,9 @@ def test_the_pieces_chains_replay_on_the_whole_block_as_one_chain():
     d = _imported()
     start = eager_moves(d)
     ev = Evaluator("h100", d.sizes, "f32")
-    program, chain = in_pieces(start, ev, 2000, 4.0)
+    # bounded by states, not seconds: a time budget made the result depend on the machine's load
+    # (on a contended CI machine the pieces' searches stopped before fusing the norm)
+    program, chain = in_pieces(start, ev, 20, 600.0)
     top = pieces._top(program)
     assert all(b.spec.kind in ("group", "stream") for b in top)  # every box in a kernel
     moves = [(m.rule, m.params_dict.get("axis")) for m in chain]
