@@ -338,3 +338,29 @@ def test_states_left_uncosted_change_no_answer(name, sizes):
     assert all(not s.feasible and s.cost is None for s in pruned)  # never costed
     if name == "gqa":  # kernels that hand values through HBM, their top level frozen
         assert any(s.frozen and not getattr(s.unlowerable, "final", False) for s in pruned)
+
+
+def test_the_same_question_is_answered_once_and_another_is_searched():
+    import napkin as nk
+    from napkin import ops
+    from napkin.search import forget_searches
+    forget_searches()
+    sizes = {"a": 512, "b": 512, "c": 512}
+    d = get("matmul").diagram()
+    first = search(d, "h100", sizes, "f32")
+    assert search(get("matmul").diagram(), get_hardware("h100"),  # rebuilt, reordered: same
+                  dict(reversed(sizes.items())), "f32") is first
+    for hardware, other, dtype, limits in [("h100", {"b": 1024}, "f32", {}),
+                                           ("h100", {}, "bf16", {}), ("a100", {}, "f32", {}),
+                                           ("h100", {}, "f32", {"max_states": 50})]:
+        assert search(d, hardware, {**sizes, **other}, dtype, **limits) is not first
+    # a label is part of the question: the answer's programs carry the asker's names
+    a, b, c = nk.axes("a b c")
+
+    @nk.algorithm(X=(a, b), W=(b, c))
+    def renamed(X, W):
+        return ops.contract(X, W, out=(a, c), name="matmul", as_="C")
+    other = search(renamed, "h100", sizes, "f32")
+    assert other is not first and other.best.program.dom.inside[0].name == "X"
+    forget_searches()
+    assert search(d, "h100", sizes, "f32") is not first

@@ -10,6 +10,7 @@ chip, a box outside every group is a kernel of its own at SMEM.
 """
 from __future__ import annotations
 
+import functools
 import math
 from collections import defaultdict
 from collections.abc import Mapping
@@ -30,6 +31,16 @@ _EXTRA_BYTES = {"int32": 4, "bool": 1}
 _SUFFIX = {"smem": "_blk", "registers": "_reg", "l2": "_l2"}
 _KERNELS = IdentityMemo(20000)  # a kernel's own nest, shared by every program that holds it
 
+
+
+@functools.lru_cache(maxsize=4096)
+def _multiply_and_sum_values(m, n, k, batch, least):
+    """The registers of a contraction written as multiply-and-sum at these extents (sympy
+    expressions: cached by value; building Min over symbolic tiles compares its arguments
+    pairwise, a few milliseconds each, and the search meets the same shapes in every state)."""
+    return sympy.Piecewise((m * n * k * batch, sympy.Or(sympy.Lt(sympy.Min(m, n, k), least),
+                                                        sympy.Gt(batch, 1))),
+                           (0, True))
 
 class ScheduleError(NapkinError):
     """A program cannot be scheduled on a profile (one-line message)."""
@@ -181,10 +192,7 @@ class _Builder:
         batch = prod((a & b) & out)
         if not (a & b) - out:
             return None  # an outer product: elementwise, no transient beyond its output
-        least = self.mma.get("dot_min", 1)
-        return sympy.Piecewise((m * n * k * batch, sympy.Or(sympy.Lt(sympy.Min(m, n, k), least),
-                                                            sympy.Gt(batch, 1))),
-                               (0, True))
+        return _multiply_and_sum_values(m, n, k, batch, self.mma.get("dot_min", 1))
 
     def _contraction(self, box, ins, outs, R):
         """Record a contraction for the lower bounds, and the tensor-core multiples its

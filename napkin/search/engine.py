@@ -25,6 +25,7 @@ over two levels, then the level refinements of the best structures.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import gc
 import heapq
@@ -37,7 +38,7 @@ import networkx as nx
 import sympy
 
 from napkin.search.canonical import canonical_hash, same_program
-from napkin.certify.certificate import fingerprint
+from napkin.certify.certificate import fingerprint, render
 from napkin.core.errors import NapkinError
 from napkin.core.ir import ops as op_order, primitive_boxes, view
 from napkin.cost import Grid, cost, optimize_tiles, value_at
@@ -471,9 +472,45 @@ def search(diagram, hardware="h100", sizes=None, dtype=None, *, max_states: int 
     if patience is not None and (isinstance(patience, bool) or not isinstance(patience, int)
                                  or patience < 1):
         raise NapkinError(f"patience must be a positive integer or None, got {patience!r}")
+    question = _question(diagram, hardware, sizes, dtype, max_states, max_seconds, objective,
+                         keep, levels, commute, prune, patience)
+    if question is not None and question in _ANSWERS:
+        _ANSWERS.move_to_end(question)
+        return _ANSWERS[question]
     with _collector_paused():
-        return _search(diagram, hardware, sizes, dtype, max_states, max_seconds, objective,
-                       keep, levels, commute, prune, patience)
+        answer = _search(diagram, hardware, sizes, dtype, max_states, max_seconds, objective,
+                         keep, levels, commute, prune, patience)
+    if question is not None:
+        _ANSWERS[question] = answer
+        while len(_ANSWERS) > ANSWERS_KEPT:
+            _ANSWERS.popitem(last=False)
+    return answer
+
+
+# A search answers a question: the program (its canonical text with its labels, so the
+# answer's programs carry the asker's names), the hardware as loaded, the sizes, the dtype,
+# the limits and the rules.  The same question asked again in a process (a notebook cell run
+# twice, the backward of a kernel fitted again, a device plan pricing several strategies on
+# one block) is handed the first answer — the last few kept, each holding its search graph.
+ANSWERS_KEPT = 16
+_ANSWERS: collections.OrderedDict = collections.OrderedDict()
+
+
+def forget_searches() -> None:
+    """Drop the answers kept in this process (after changing a rule in place: a test's
+    monkeypatch, a rule being developed), so the next search runs afresh."""
+    _ANSWERS.clear()
+
+
+def _question(diagram, hardware, sizes, dtype, *limits):
+    try:
+        text = render(diagram, labels=True)
+        hw = get_hardware(hardware)
+        hash(hw)
+    except (TypeError, NapkinError):  # not a program of primitives, or an unhashable profile
+        return None
+    return (text, hw, tuple(sorted((k, str(v)) for k, v in (sizes or {}).items())), str(dtype),
+            limits, tuple(RULES))
 
 
 @contextlib.contextmanager
