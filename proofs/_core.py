@@ -390,9 +390,10 @@ def accumulator_obligations(proof: Proof, st: Streamed, sizes: dict, what: str,
        for chunk lengths (|x|, |y|) in ``pairs`` (states compared entrywise);
     3. fold: finalize after folding chunks c₁…c_k = f(x₁ ⊕ … ⊕ x_k);
     4. the Stream box itself (uniform chunks, ragged last) = f;
-    5. merge (where the stream has one): merge(state(x), state(y)) = state(x ⊕ y), each
-       state folded from init on its own (y at its global positions), for (|x|, |y|) in
-       ``pairs``; and init is its unit on either side (a split with no entry);
+    5. merge (where the stream has one): merge(state(x), state(y)) = state(x ⊕ y) =
+       merge(state(y), state(x)), each state folded from init on its own (y at its global
+       positions), for (|x|, |y|) in ``pairs`` — in either order, as a ring over devices
+       merges its chunks; and init is its unit on either side (a split with no entry);
     and the rewritten program keeps f's type.  ``sizes`` binds the other
     axes (small ints)."""
     from napkin.core.semantics import run
@@ -459,6 +460,11 @@ def accumulator_obligations(proof: Proof, st: Streamed, sizes: dict, what: str,
                 compare(run(st.spec.merge, ctx, *x, *y), both, e, allow_numeric)
             except Failed as err:
                 raise Failed(f"|x|={n1}, |y|={n2}: merged state {err}") from None
+            try:  # out of order: what a ring over devices folds (device i starts at chunk i)
+                compare(run(st.spec.merge, ctx, *y, *x), both, e, allow_numeric)
+            except Failed as err:
+                raise Failed(f"|x|={n1}, |y|={n2}: merge(state(y), state(x)) {err}: the "
+                             f"merge is not commutative, so chunks must fold in order") from None
         # the empty state (a split that holds no entry) is the merge's unit, either side
         e, ctx, xs = setup(lengths[-1])
         empty, x = run(st.spec.init, ctx), fold(st, ctx, xs, lengths[-1:], finalize=False)
@@ -467,8 +473,8 @@ def accumulator_obligations(proof: Proof, st: Streamed, sizes: dict, what: str,
                 compare(run(st.spec.merge, ctx, *args), x, e, allow_numeric)
             except Failed as err:
                 raise Failed(f"merge({side}) is not state(x): {err}") from None
-        return (f"(|x|,|y|) in {[list(p) for p in pairs]}: merged states equal; "
-                f"init is the unit on both sides")
+        return (f"(|x|,|y|) in {[list(p) for p in pairs]}: merged states equal, in either "
+                f"order; init is the unit on both sides")
 
     def types():
         ref, new = st.reference, st.rewritten
@@ -486,8 +492,8 @@ def accumulator_obligations(proof: Proof, st: Streamed, sizes: dict, what: str,
     proof.check(f"{what}: fold over chunks then finalize = f(concatenation) ({sym})", folded)
     proof.check(f"{what}: the Stream box (uniform chunks, ragged last) = f ({sym})", box)
     if st.spec.merge is not None:
-        proof.check(f"{what}: merge law merge(state(x), state(y)) = state(x ⊕ y), y's "
-                    f"positions after x's ({sym})", merged)
+        proof.check(f"{what}: merge law merge(state(x), state(y)) = state(x ⊕ y) = "
+                    f"merge(state(y), state(x)), y's positions after x's ({sym})", merged)
 
 
 # --------------------------------------------------------------------------- numbers
@@ -578,11 +584,13 @@ def apply_rule(name: str, diagram, params: dict, path=(), ops=None):
 
 
 def merge_numeric(st: Streamed, sizes: dict, rng: np.random.Generator, *, splits: int = 3,
-                  empty: bool = False, tol: float = 1e-12) -> str:
+                  empty: bool = False, ring: bool = False, tol: float = 1e-12) -> str:
     """float64 (JAX): the axis cut at random points into ``splits`` parts (one of them
     possibly empty), each part's state folded from init on its own, merged left to right
     and finalized, equals the reference; ``empty``: the first input along the axis is −∞
-    throughout the first part (a split every key of which is masked)."""
+    throughout the first part (a split every key of which is masked); ``ring``: merged in
+    a ring device's order instead (from a random part, then the ones before it, wrapping
+    round)."""
     import jax
     import jax.numpy as jnp
     from napkin.core.primitives import EvalContext
@@ -606,6 +614,9 @@ def merge_numeric(st: Streamed, sizes: dict, rng: np.random.Generator, *, splits
                                                                   st.reference.dom.inside])
         ctx = EvalContext(env)
         state = None
+        if ring:
+            r = int(rng.integers(len(bounds)))
+            bounds = [bounds[(r - j) % len(bounds)] for j in range(len(bounds))]
         for a, b in bounds:
             part = fold(st, ctx, xs, (b - a,) if b > a else (), finalize=False, start=a)
             state = part if state is None else run(st.spec.merge, ctx, *state, *part)
@@ -631,9 +642,11 @@ def merge_checks(proof: Proof, st, sizes: dict, what: str, seed: int = 27):
     """The merge in float64 on splits the accumulator's own fold does not make: three
     parts at random cuts (one may be empty), and a first part that is all −∞."""
     rng = np.random.default_rng(seed)
-    proof.check(f"{what}: merged splits = f (float64, JAX; an empty split, an all −∞ one)",
-                lambda: "; ".join(merge_numeric(st, sizes, rng, empty=e)
-                                  for e in (False, False, True)), "numeric")
+    proof.check(f"{what}: merged splits = f (float64, JAX; an empty split, an all −∞ one, "
+                f"merged in a ring's order)",
+                lambda: "; ".join(merge_numeric(st, sizes, rng, empty=e, ring=r)
+                                  for e, r in ((False, False), (False, False), (True, False),
+                                               (False, True), (True, True))), "numeric")
 
 
 def ragged(rng: np.random.Generator, lo: int, hi: int) -> tuple[int, int]:
