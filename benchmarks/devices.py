@@ -6,8 +6,9 @@ For attention (searched at q = x = 4096, d = 128 on the H200 profile, run at q =
 d = 16 in interpret mode) and each strategy napkin prices — a shard of the queries, a ring,
 a gather — on 2, 4 and 8 host devices: the bytes one device sends, counted from the
 program's collectives (``ppermute``, ``all_gather``), beside the model's link bytes, and
-the error against float64.  Not wall time: CPU host devices share the cores.  Then the
-modelled table at scale: S = 1M tokens on 8 H200s, sequence-parallel inputs.
+the error against float64; then causal attention's contiguous and zigzag rings the same way.
+Not wall time: CPU host devices share the cores.  Then the modelled tables at scale: S = 1M
+tokens on 8 H200s, sequence-parallel inputs, attention and causal attention.
 """
 from __future__ import annotations
 
@@ -46,9 +47,32 @@ def main() -> int:
             err = float(np.max(np.abs(np.asarray(k(*xs)) - want)) / np.max(np.abs(want)))
             ratio = f"{counted / modelled:.3f}" if modelled else "-"
             print(f"{str(s):<48} {counted:>10.0f} {modelled:>10.0f} {ratio:>6} {err:>8.1e}")
-    print("\nmodelled at scale: q = x = 2^20, d = 128, bf16, 8 × H200, inputs cut along q and x")
-    print(distribute("attention", "h200", {"q": 2 ** 20, "x": 2 ** 20, "d": 128}, "bf16", 8,
-                     arrive=("q", "x")).explain())
+    # causal attention: the contiguous ring against zigzag order, counted and run the same way
+    calg = get("causal_attention")
+    cxs = [np.asarray(a, np.float32) for a in calg.sample(np.random.default_rng(1), small)]
+    with jax.enable_x64(True):
+        cwant = np.asarray(calg.reference(*(np.float64(a) for a in cxs)))
+    print(f"\ncausal_attention, the same sizes: contiguous and zigzag rings")
+    for n in (2, 4, 8):
+        if n > len(jax.devices()):
+            continue
+        strategies = [Strategy("ring", n, shard="q", stream="x"),
+                      Strategy("ring", n, shard="q", stream="x", zigzag=True)]
+        priced = distribute("causal_attention", "h200", big, "f32", n, strategy=strategies)
+        for s in strategies:
+            d = priced.choose(s).fit(small)
+            k = d.kernel("triton", interpret=True)
+            counted = sum(communication(k, *cxs).values())
+            modelled = d.best.link_bytes
+            err = float(np.max(np.abs(np.asarray(k(*cxs)) - cwant)) / np.max(np.abs(cwant)))
+            label = f"{s.kind} over {n}{' (zigzag)' if s.zigzag else ''}"
+            print(f"{label:<48} {counted:>10.0f} {modelled:>10.0f} "
+                  f"{counted / modelled:>6.3f} {err:>8.1e}")
+    for name in ("attention", "causal_attention"):
+        print(f"\nmodelled at scale: {name}, q = x = 2^20, d = 128, bf16, 8 × H200, inputs cut "
+              f"along q and x")
+        print(distribute(name, "h200", {"q": 2 ** 20, "x": 2 ** 20, "d": 128}, "bf16", 8,
+                         arrive=("q", "x")).explain())
     return 0
 
 

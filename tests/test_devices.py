@@ -43,6 +43,39 @@ def test_a_million_tokens_on_eight_h200s_ring_their_keys():
     assert "ring over 8 devices" in text and "gathered first" in text
 
 
+def test_a_causal_ring_in_zigzag_order_halves_the_steps():
+    """Cut contiguously, a causal ring's last device keeps every key of every chunk, so each
+    step is a whole fold; in zigzag order (2n chunks, device i holding i and 2n − 1 − i)
+    every device keeps two of its four block pairs a step (three at the first, the
+    diagonals): (n/2 + 1/4) folds of the contiguous ring's n, chosen and explained.  An
+    algorithm without masks between the cut axes is offered no zigzag."""
+    from napkin.devices.plan import ring_work
+    sizes = {"q": 2 ** 20, "x": 2 ** 20, "d": 128}
+    d = distribute("causal_attention", "h200", sizes, "bf16", 8, arrive=("q", "x"))
+    zigzag = Strategy("ring", 8, shard="q", stream="x", zigzag=True)
+    plain = next(p for p in d.priced if p.strategy == Strategy("ring", 8, shard="q",
+                                                                stream="x"))
+    assert d.best.strategy == zigzag and "zigzag order" in d.explain()
+    assert ring_work(zigzag, d.algorithm, sizes) == [3] + [2] * 7
+    assert ring_work(plain.strategy, d.algorithm, sizes) == [1] * 8
+    assert abs(d.best.time_s / plain.time_s - (8 / 2 + 1 / 4) / 8) < 0.02
+    assert d.best.link_bytes == plain.link_bytes  # both pieces of K and V passed on
+    # a window narrower than a chunk keeps only the diagonal blocks (and the block before
+    # each): contiguous, steps 2-7 fold nothing; zigzag's far pieces meet again at step 7,
+    # but its pieces are quarter blocks: 5 quarters against 2 wholes, the link bounding both
+    w = distribute("sliding_window_attention", "h200", sizes, "bf16", 8,
+                   strategy=[zigzag, plain.strategy])
+    assert ring_work(plain.strategy, w.algorithm, sizes) == [1, 1] + [0] * 6
+    assert ring_work(zigzag, w.algorithm, sizes) == [3, 1] + [0] * 5 + [1]
+    a, b = w.priced
+    assert a.time_s <= b.time_s and a.compute_s < b.compute_s
+    full = distribute("attention", "h200", sizes, "bf16", 8)
+    assert not any(p.strategy.zigzag for p in full.priced)
+    with pytest.raises(nk.NapkinError, match="does not divide over 8 chunks"):
+        d.choose(Strategy("ring", 4, shard="q", stream="x", zigzag=True)).fit(
+            {"q": 36, "x": 40, "d": 16}).kernel("triton", interpret=True)
+
+
 def test_a_cut_along_an_axis_positions_are_read_along_hands_each_device_its_base():
     """A causal mask compares global positions, cross-entropy's take finds the label's
     global position: cut over devices, the per-device program takes each cut axis's base
@@ -117,10 +150,13 @@ cases = [("attention", {"q": 4096, "x": 4096, "d": 128}, {"q": 40, "x": 96, "d":
          ("gqa", {"k": 8, "r": 4, "q": 4096, "x": 4096, "d": 128},
           {"k": 4, "r": 3, "q": 24, "x": 40, "d": 16}, [Strategy("shard", 4, shard="k")]),
          # positions read along a cut axis: each device handed its base
-         ("causal_attention", {"q": 4096, "x": 4096, "d": 128}, {"q": 40, "x": 40, "d": 16},
-          [Strategy("shard", 4, shard="q"), Strategy("ring", 4, shard="q", stream="x")]),
+         ("causal_attention", {"q": 4096, "x": 4096, "d": 128}, {"q": 40, "x": 48, "d": 16},
+          [Strategy("shard", 4, shard="q"), Strategy("ring", 4, shard="q", stream="x"),
+           Strategy("ring", 4, shard="q", stream="x", zigzag=True)]),
          ("sliding_window_attention", {"q": 4096, "x": 4096, "d": 128},
-          {"q": 40, "x": 40, "d": 16}, [Strategy("ring", 4, shard="q", stream="x")]),
+          {"q": 40, "x": 40, "d": 16}, [Strategy("ring", 4, shard="q", stream="x"),
+                                        Strategy("ring", 4, shard="q", stream="x",
+                                                 zigzag=True)]),
          ("cross_entropy", {"n": 4096, "v": 32768}, {"n": 8, "v": 64},
           [Strategy("gather", 4, stream="v")])]
 half = int(sys.argv[1])  # the cases without (0) and with (1) positions read along a cut
@@ -143,23 +179,21 @@ print(json.dumps(out))
 """
 
 _GRAD = _HEAD + """
-alg = get("attention")
-xs = [np.asarray(a, np.float32) for a in alg.sample(rng, {"q": 40, "x": 96, "d": 16})]
 loss = lambda f: lambda *a: jnp.sum(jnp.tanh(f(*a)))
-with jax.enable_x64(True):
-    want = jax.grad(loss(alg.reference), (0, 1, 2))(*(np.float64(a) for a in xs))
-priced = distribute("attention", "h200", {"q": 4096, "x": 4096, "d": 128}, "f32", 8,
-                    strategy=[Strategy("shard", 4, shard="q"),
-                              Strategy("ring", 4, shard="q", stream="x")])
-d = priced.choose(Strategy("shard", 4, shard="q")).fit({"q": 40, "x": 96, "d": 16})
-got = jax.grad(loss(d.kernel("triton", interpret=True)), (0, 1, 2))(*xs)
-out["grad"] = max(float(np.max(np.abs(np.asarray(g) - np.asarray(w))) /
-                        np.max(np.abs(np.asarray(w)))) for g, w in zip(got, want))
-k = priced.choose(Strategy("ring", 4, shard="q", stream="x")).fit(
-    {"q": 40, "x": 96, "d": 16}).kernel("triton", interpret=True)
-got = jax.grad(loss(k), (0, 1, 2))(*xs)
-out["ring grad"] = max(float(np.max(np.abs(np.asarray(g) - np.asarray(w))) /
-                             np.max(np.abs(np.asarray(w)))) for g, w in zip(got, want))
+small = {"q": 40, "x": 96, "d": 16}
+for name, strategy, key in [("attention", Strategy("shard", 4, shard="q"), "grad"),
+                            ("causal_attention", Strategy("ring", 4, shard="q", stream="x",
+                                                          zigzag=True), "ring grad")]:
+    alg = get(name)
+    xs = [np.asarray(a, np.float32) for a in alg.sample(rng, small)]
+    with jax.enable_x64(True):
+        want = jax.grad(loss(alg.reference), (0, 1, 2))(*(np.float64(a) for a in xs))
+    priced = distribute(name, "h200", {"q": 4096, "x": 4096, "d": 128}, "f32", 8,
+                        strategy=[strategy])
+    k = priced.choose(strategy).fit(small).kernel("triton", interpret=True)
+    got = jax.grad(loss(k), (0, 1, 2))(*xs)
+    out[key] = max(float(np.max(np.abs(np.asarray(g) - np.asarray(w))) /
+                         np.max(np.abs(np.asarray(w)))) for g, w in zip(got, want))
 print(json.dumps(out))
 """
 
@@ -190,13 +224,15 @@ def test_strategies_run_on_eight_cpu_devices_as_the_model_says(half):
         assert out["attention gather over 4 devices: x cut, partial states merged"][1] == \
             3 * 40 * (16 + 2) * 4       # 3 others' (μ, z, o) states
     else:
-        assert len(out) == 4 and "cross_entropy gather over 4 devices: v cut, partial states " \
+        assert len(out) == 6 and "cross_entropy gather over 4 devices: v cut, partial states " \
             "merged" in out
+        assert sum("zigzag" in case for case in out) == 2
 
 
 def test_gradients_go_through_a_shard_and_a_ring():
-    """A shard's kernel has napkin's derived backward on each device; a ring's runs the
-    forward that saves L, then the backward programs, each distributed in turn."""
+    """A shard's kernel has napkin's derived backward on each device; a ring's (causal, in
+    zigzag order) runs the forward that saves L, then the backward programs, each
+    distributed in turn."""
     out = _on_eight_devices(_GRAD)
     assert out["grad"] <= 1e-4 and out["ring grad"] <= 1e-4, out
 
@@ -220,3 +256,12 @@ def test_a_rings_certificates_replay_and_a_tampered_one_is_rejected():
     bad = decomposition.to_dict()
     bad["steps"][1]["params"]["axis"] = "d"
     assert not check_certificate(bad).ok
+    # in zigzag order: the same rules at the pieces' tiles (two per device; the groups'
+    # assignment and the chunks' order are the rules' business: independent groups, a merge
+    # proved in either order)
+    z = distribute("causal_attention", "h200", {"q": 4096, "x": 4096, "d": 128}, "bf16", 4,
+                   strategy=Strategy("ring", 4, shard="q", stream="x", zigzag=True))
+    assert z.best.local.sizes["q"] == 512  # the per-device program is a piece's
+    (_, decomposition), (_, local) = z.certificates()
+    assert [s.rule for s in decomposition.steps] == ["group_partition", "stream_partition"]
+    assert all(check_certificate(c.to_dict()).ok for c in (decomposition, local))

@@ -10,7 +10,9 @@ work into independent pieces.  The strategies (:mod:`.plan`):
 * ``ring``   — the queries sharded (a group partition) and the streamed axis cut into one
   chunk per device, the chunks rotating device to device (``ppermute``, the next issued
   before this one is folded): each device folds every chunk into its state with the
-  accumulator's merge, then finalises — ring attention, derived;
+  accumulator's merge, then finalises — ring attention, derived; in zigzag order (2n
+  chunks, device i holding i and 2n − 1 − i) a causal ring's devices keep as much as each
+  other, and each step is priced by its busiest device's unmasked block pairs;
 * ``gather`` — the streamed axis cut over the devices, each folding its chunk from the
   empty state, the partial states gathered and merged (flash-decoding across devices).
 

@@ -11,7 +11,10 @@ crosses the links:
   one per device, passed round the ring: step s folds the chunk a device holds into its
   state (the accumulator's merge of the chunk's partial state) while the chunk for step s + 1
   arrives.  Time: the first step's fold, then n − 1 steps of max(fold, transfer) + the link's
-  latency, then the finalize; a transfer is the chunk's inputs (K and V's share of x).
+  latency, then the finalize; a transfer is the chunk's inputs (K and V's share of x).  A
+  step's fold is its busiest device's: the block pairs whose entries the causal / window masks
+  keep some of (:func:`ring_work`).  In zigzag order each axis is 2n chunks, device i holding
+  i and 2n − 1 − i, and the per-device program is a piece's, run on each pair of pieces.
 * ``gather x`` — ``x`` cut over n devices, each folding its chunk from the empty state, the
   partial states gathered (n − 1 states in, per device, over the link) and merged.
 
@@ -163,6 +166,10 @@ class Distributed:
                 step("stream_partition", (), {"axis": s.stream, "chunk": f"chunk_{s.stream}"})
                 step("split_stream", (), {"axis": s.stream, "size": f"dev_{s.stream}"})
         small, small_tiles = check_instance(self.sizes, tiles)
+        # (the shares are the per-device program's: zigzag's pieces, two per device; which
+        # device holds which group is the group partition's business — groups are
+        # independent — and a ring folds its chunks in its own order, which the merge,
+        # proved in either order, licenses)
         out = [("the decomposition over the devices",
                 derive_from(load_algorithm(self.source), self.source, steps, small,
                             small_tiles, "f32"))]
@@ -302,10 +309,18 @@ def candidates(diagram, whole, sizes: dict, n: int) -> list:
     if found is not None:
         outers, box = found
         x = box.spec.axis
+        from napkin.frontend.bases import kept_band
         for k in counts(n, sizes.get(x, 1)):
             out.append(Strategy("gather", k, stream=x))
-            out += [Strategy("ring", k, shard=g.spec.axis, stream=x) for g in outers
-                    if g.spec.axis in woven and sizes[g.spec.axis] >= k]
+            for g in outers:
+                a = g.spec.axis
+                if a not in woven or sizes[a] < k:
+                    continue
+                out.append(Strategy("ring", k, shard=a, stream=x))
+                # masks between the two cut axes: the zigzag order balances what each keeps
+                if (kept_band(diagram, a, x) or kept_band(diagram, x, a)) is not None \
+                        and min(sizes[a], sizes[x]) >= 2 * k:
+                    out.append(Strategy("ring", k, shard=a, stream=x, zigzag=True))
     return out
 
 
@@ -341,7 +356,8 @@ def arrival_bytes(s: Strategy, diagram, sizes: dict, dtype, arrive) -> float:
 def _price(s: Strategy, diagram, sizes, hw, dtype, searched) -> Priced:
     local = local_sizes(s, sizes)
     p = Priced(s, sizes=local)
-    why = _fits_memory(diagram, local, hw, dtype)
+    held = {a: v * s.pieces if a in (s.shard, s.stream) else v for a, v in local.items()}
+    why = _fits_memory(diagram, held, hw, dtype)
     if why:
         p.why = why
         return p
@@ -375,12 +391,18 @@ def _price(s: Strategy, diagram, sizes, hw, dtype, searched) -> Priced:
     merge = 3 * state / hbm            # read two states, write one (f32)
     p.link_bytes = link_bytes(s, diagram, local, dtype, state)
     if s.kind == "ring":
+        # each step lasts as long as its busiest device: the block pairs it folds (those its
+        # masks keep nothing of skipped, where the kernel skips them), each merged into its
+        # queries' state, or the next chunk's transfer if that is longer
+        from napkin.lower.plan import chunk_guards
+        work = ring_work(s, diagram, sizes, skips=bool(chunk_guards(box.spec)))
         link = p.link_bytes / (s.devices - 1) / _link(hw) + hw.link_latency_s
-        steps = s.devices
-        p.compute_s = steps * fold + (steps - 1) * merge
-        p.link_s = (steps - 1) * link
-        p.time_s = fold + (steps - 1) * max(fold + merge, link) + state / hbm
-        p.bound = "link" if link > fold + merge else _bound(opt, local)
+        steps = [w * fold + max(w - (s.pieces if t == 0 else 0), 0) * merge
+                 for t, w in enumerate(work)]
+        p.compute_s = sum(steps)
+        p.link_s = (s.devices - 1) * link
+        p.time_s = steps[0] + sum(max(c, link) for c in steps[1:]) + s.pieces * state / hbm
+        p.bound = "link" if link > max(steps[1:], default=0) else _bound(opt, local)
     else:  # gather: fold one chunk, gather the others' states, merge them all
         p.compute_s = fold + (s.devices - 1) * merge
         p.link_s = p.link_bytes / _link(hw) + (s.devices - 1) * hw.link_latency_s
@@ -389,24 +411,59 @@ def _price(s: Strategy, diagram, sizes, hw, dtype, searched) -> Priced:
     return p
 
 
+def ring_work(s: Strategy, diagram, sizes: dict, skips: bool = True) -> list:
+    """Per step of the ring ``s``, the most block pairs (a piece of the device's queries
+    against a piece of the chunk it holds) any device folds: all ``pieces²`` of them, less
+    those the algorithm's causal and window masks keep nothing of where the kernel skips
+    them (``skips``).  Cut contiguously, a causal ring's last device keeps all of every
+    chunk, so every step is a whole fold; in zigzag order each device keeps about half."""
+    from napkin.frontend.bases import keeps_any, kept_band
+    n, h = s.devices, s.pieces
+    band, rows_are_shard = kept_band(diagram, s.shard, s.stream), True
+    if band is None:
+        band, rows_are_shard = kept_band(diagram, s.stream, s.shard), False
+    if band is None or not skips:
+        return [h * h] * n
+    w_shard = -(-sizes[s.shard] // (n * h))
+    w_stream = -(-sizes[s.stream] // (n * h))
+    out = []
+    for t in range(n):
+        most = 0
+        for i in range(n):
+            held = (i - t) % n  # the device whose chunk device i folds at step t
+            kept = 0
+            for a in range(h):
+                for b in range(h):
+                    mine = (s.chunk(i, a) * w_shard, (s.chunk(i, a) + 1) * w_shard)
+                    theirs = (s.chunk(held, b) * w_stream, (s.chunk(held, b) + 1) * w_stream)
+                    rows, cols = (mine, theirs) if rows_are_shard else (theirs, mine)
+                    kept += keeps_any(band, rows, cols)
+            most = max(most, kept)
+        out.append(most)
+    return out
+
+
 def link_bytes(s: Strategy, diagram, local: dict, dtype, state: float) -> float:
     """Bytes one device sends per call under ``s`` (besides gathering inputs that arrive cut
     otherwise): a ring passes its chunk of every input carrying the streamed axis on, n − 1
-    times; a gather sends its partial states to the n − 1 others."""
+    times (zigzag: its two pieces, ``local`` being one piece's sizes); a gather sends its
+    partial states to the n − 1 others."""
     if s.kind == "ring":
-        return (s.devices - 1) * sum(_bytes(ob.type, local, dtype) for ob in diagram.dom.inside
-                                     if ob.type.has(s.stream))
+        return (s.devices - 1) * s.pieces * sum(
+            _bytes(ob.type, local, dtype) for ob in diagram.dom.inside if ob.type.has(s.stream))
     if s.kind == "gather":
         return (s.devices - 1) * state
     return 0.0
 
 
 def local_sizes(s: Strategy, sizes: dict) -> dict:
-    """The sizes one device holds under ``s``: the axes it cuts, ⌈size / devices⌉."""
+    """The sizes the per-device program runs at under ``s``: the axes it cuts,
+    ⌈size / devices⌉ (zigzag: a piece, ⌈size / 2·devices⌉; a device runs it on each pair of
+    its pieces)."""
     local = dict(sizes)
     for a in (s.shard, s.stream):
         if a is not None and s.kind != ONE:
-            local[a] = -(-sizes[a] // s.devices)
+            local[a] = -(-sizes[a] // (s.devices * s.pieces))
     return local
 
 

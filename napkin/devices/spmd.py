@@ -55,9 +55,9 @@ def lower_distributed(d, *, backend="auto", interpret="auto", dtype=None, deriva
     s = p.strategy
     if s.kind == "one":
         return p.local.kernel(backend, interpret=interpret, dtype=dtype)
+    _divides(d, s)
     mesh = mesh_of(s.devices)
     ins, outs = array_types(d.algorithm.dom), array_types(d.algorithm.cod)
-    _divides(d, s)
     in_specs = tuple(partition_spec(t, layout(s, t)) for t in ins)
     local_names = [ob.name for ob in p.local.algorithm.dom.inside]  # the inputs, the bases
     bases = _bases(p)
@@ -75,11 +75,13 @@ def lower_distributed(d, *, backend="auto", interpret="auto", dtype=None, deriva
             out_specs = tuple(partition_spec(t, None) for t in outs)
         else:
             body = _ring((parts, merge, finalize, fixed), array_types(p.local.algorithm.dom),
-                         local_names, s, bases)
+                         outs, local_names, s, bases)
             out_specs = tuple(partition_spec(t, layout(s, t)) for t in outs)
     one = len(outs) == 1
     f = jax.shard_map(body if not one else (lambda *xs: _tupled(body(*xs))), mesh=mesh,
                       in_specs=in_specs, out_specs=out_specs, check_vma=False)
+    if s.zigzag:
+        f = _in_zigzag_order(f, ins, outs, s)
     if s.kind != "shard" and derivative is not None:
         f = _with_derivative(f, d, derivative)
     jitted = jax.jit((lambda *xs: f(*xs)[0]) if one else f)
@@ -134,21 +136,53 @@ def _with_derivative(f, d, derivative):
 
 
 def _bases(p):
-    """``bases(step)``: the int32 starts of this device's shares of the axes the per-device
-    program reads positions along (p.bases), inside shard_map; a ring's streamed axis at
-    ``step`` holds the chunk that started on device i − step."""
+    """``bases(step, mine, theirs)``: the int32 starts, inside shard_map, of the pieces the
+    per-device program runs on along the axes it reads positions along (p.bases): piece
+    ``mine`` of this device's share of the cut woven axis, piece ``theirs`` of the streamed
+    chunk it holds — at ``step`` of a ring, the chunk that started on device i − step.  A
+    piece's start is its chunk's index (:meth:`Strategy.chunk`: zigzag's order) × the piece
+    size (p.sizes: the per-device program's)."""
     import jax
     import jax.numpy as jnp
     s = p.strategy
 
-    def bases(step):
+    def bases(step=0, mine=0, theirs=0):
         i = jax.lax.axis_index(AXIS)
         out = []
         for a in p.bases:
-            owner = (i - step) % s.devices if s.kind == "ring" and a == s.stream else i
-            out.append((owner * p.sizes[a]).astype(jnp.int32))
+            if s.kind == "ring" and a == s.stream:
+                chunk = s.chunk((i - step) % s.devices, theirs)
+            else:
+                chunk = s.chunk(i, mine if a == s.shard else theirs)
+            out.append((chunk * p.sizes[a]).astype(jnp.int32))
         return out
     return bases
+
+
+def _in_zigzag_order(f, ins, outs, s):
+    """``f`` (a zigzag ring under shard_map, whose devices hold contiguous shares) on arrays
+    in their natural order: the cut axes' chunks permuted into the order the devices hold
+    them (:meth:`Strategy.order`) before, and the outputs' put back after.  A model that
+    keeps its sequence in zigzag order would skip both; here XLA moves the chunks."""
+    import jax.numpy as jnp
+    import numpy as np
+    chunks = s.devices * s.pieces
+    order = np.array(s.order())
+    back = np.argsort(order)
+
+    def permuted(x, t, by):
+        for a in (s.shard, s.stream):
+            if t.has(a):
+                k = t.names.index(a)
+                w = x.shape[k] // chunks
+                idx = (by[:, None] * w + np.arange(w)[None, :]).reshape(-1)
+                x = jnp.take(x, jnp.asarray(idx), axis=k)
+        return x
+
+    def g(*xs):
+        out = f(*(permuted(x, t, order) for x, t in zip(xs, ins)))
+        return tuple(permuted(y, t, back) for y, t in zip(out, outs))
+    return g
 
 
 def by_name(kernel, values: dict) -> list:
@@ -162,10 +196,12 @@ def _tupled(out):
 
 def _divides(d, s):
     for a in (s.shard, s.stream):
-        if a is not None and d.sizes[a] % s.devices:
-            raise NapkinError(f"{a}={d.sizes[a]} does not divide over {s.devices} devices "
-                              f"(the SPMD engine cuts equal shares): choose sizes or a device "
-                              f"count that divide")
+        parts = s.devices * s.pieces
+        if a is not None and d.sizes[a] % parts:
+            what = f"{parts} chunks (zigzag: 2 per device)" if s.zigzag else \
+                f"{s.devices} devices"
+            raise NapkinError(f"{a}={d.sizes[a]} does not divide over {what} (the SPMD engine "
+                              f"cuts equal shares): choose sizes or a device count that divide")
 
 
 def _split(p, backend, interpret, dtype):
@@ -215,28 +251,52 @@ def _gather(parts, merge_box, names, s, bases):
     return body
 
 
-def _ring(split, ins, names, s, bases):
-    """Fold the chunk a device holds, pass the chunks on, merge: s.devices steps."""
+def _ring(split, ins, outs, names, s, bases):
+    """Fold the chunk a device holds, pass the chunks on, merge: s.devices steps.  In zigzag
+    order a device holds two pieces of its queries and of each chunk: every step folds each
+    pair of pieces into its queries' piece's state (the per-device program is a piece's),
+    and the outputs are the pieces' finalized, side by side."""
     import jax
+    import jax.numpy as jnp
     parts, merge, finalize, fixed = split
-    n = s.devices
+    n, h = s.devices, s.pieces
     streamed = [j for j, t in enumerate(ins) if t.has(s.stream)]
     perm = [(j, (j + 1) % n) for j in range(n)]
 
+    def piece(x, t, axis, k):
+        if h == 1 or not t.has(axis):
+            return x
+        dim = t.names.index(axis)
+        w = x.shape[dim] // h
+        return jax.lax.slice_in_dim(x, k * w, (k + 1) * w, axis=dim)
+
+    def pieces(xs, mine, theirs):
+        return [piece(piece(x, t, s.shard, mine), t, s.stream, theirs) for x, t in zip(xs, ins)]
+
     def body(*xs):
         cur = list(xs)
-        state = None
+        states = [None] * h
         for step in range(n):
             if step < n - 1:  # the next chunk's transfer, issued before this fold
                 nxt = jax.lax.ppermute([cur[j] for j in streamed], AXIS, perm)
-            values = dict(zip(names, [*cur, *bases(step)]))
-            part = [st[0] for st in _tupled(parts(*by_name(parts, values)))]  # one part
-            state = part if state is None else _tupled(merge(*state, *part))
+            for mine in range(h):
+                for theirs in range(h):
+                    values = dict(zip(names, [*pieces(cur, mine, theirs),
+                                              *bases(step, mine, theirs)]))
+                    part = [st[0] for st in _tupled(parts(*by_name(parts, values)))]
+                    states[mine] = part if states[mine] is None else \
+                        _tupled(merge(*states[mine], *part))
             if step < n - 1:
                 for j, m in zip(streamed, nxt):
                     cur[j] = m
-        values = dict(zip(names, [*xs, *bases(0)]))
-        return _tupled(finalize(*state, *(values[nm] for nm in fixed)))
+        done = []
+        for mine in range(h):
+            values = dict(zip(names, [*pieces(xs, mine, 0), *bases(0, mine, 0)]))
+            done.append(_tupled(finalize(*states[mine], *(values[nm] for nm in fixed))))
+        if h == 1:
+            return done[0]
+        return tuple(jnp.concatenate(ys, axis=t.names.index(s.shard)) if t.has(s.shard)
+                     else ys[0] for t, *ys in zip(outs, *done))
     return body
 
 

@@ -16,6 +16,7 @@ class Strategy:
     devices: int = 1
     shard: str | None = None    # the woven axis cut over the devices (shard, ring's queries)
     stream: str | None = None   # the streamed axis cut over the devices (ring, gather)
+    zigzag: bool = False        # a ring's axes in 2n chunks, device i holding i and 2n−1−i
 
     def __str__(self):
         if self.kind == ONE:
@@ -23,9 +24,29 @@ class Strategy:
         if self.kind == "shard":
             return f"shard {self.shard} over {self.devices} devices"
         if self.kind == "ring":
+            order = (f" in zigzag order (2 × {self.devices} chunks, device i holding i and "
+                     f"{2 * self.devices - 1}−i)") if self.zigzag else ""
             return (f"ring over {self.devices} devices: {self.shard} cut, {self.stream} "
-                    f"passed round")
+                    f"passed round{order}")
         return f"gather over {self.devices} devices: {self.stream} cut, partial states merged"
+
+    @property
+    def pieces(self) -> int:
+        """The chunks of each cut axis a device holds (zigzag: 2, the per-device program
+        run on each pair of them)."""
+        return 2 if self.zigzag else 1
+
+    def chunk(self, device, piece: int):
+        """The index, among ``devices × pieces`` equal chunks of a cut axis, of ``device``'s
+        ``piece``-th (zigzag: device i holds chunks i and 2n − 1 − i, so under a causal
+        mask every device keeps about as many entries as any other); works on ints and
+        traced device indices alike."""
+        return device if piece == 0 else 2 * self.devices - 1 - device
+
+    def order(self) -> list:
+        """The chunks of a cut axis in the order the devices hold them (device 0's, then
+        device 1's, …): a global array permuted by it is cut into equal contiguous shares."""
+        return [self.chunk(i, k) for i in range(self.devices) for k in range(self.pieces)]
 
 
 def layout(s: Strategy, t) -> str | None:

@@ -40,6 +40,36 @@ def position_readers(diagram, axis: str) -> list:
     return out
 
 
+def kept_band(diagram, q: str, k: str):
+    """(low, high): the causal and window masks between ``q`` and ``k`` keep an entry only
+    where low ≤ k − q ≤ high (low None: unbounded below); None where no such mask bounds them
+    (every entry may be kept).  What a block of queries against a block of keys keeps
+    nothing of is read off it (napkin.devices.plan prices a ring's steps by it)."""
+    from napkin.core.ir import primitive_boxes
+    low, high, found = None, None, False
+    for b in primitive_boxes(diagram):
+        spec = b.spec
+        if getattr(spec, "kind", None) != "mask" or spec.kind_ not in ("causal", "window") \
+                or (spec.q, spec.k) != (q, k):
+            continue
+        found = True
+        high = spec.offset if high is None else min(high, spec.offset)
+        if spec.kind_ == "window":
+            lo = spec.offset - spec.width + 1
+            low = lo if low is None else max(low, lo)
+    return (low, high) if found else None
+
+
+def keeps_any(band, rows: tuple, cols: tuple) -> bool:
+    """Whether the queries [rows[0], rows[1]) against the keys [cols[0], cols[1]) keep an
+    entry under ``band`` (:func:`kept_band`; None keeps everything)."""
+    if band is None:
+        return True
+    low, high = band
+    least, most = cols[0] - (rows[1] - 1), (cols[1] - 1) - rows[0]  # the range of k − q
+    return least <= high and (low is None or most >= low)
+
+
 def with_bases(diagram, axes: tuple):
     """``diagram`` with the positions along each of ``axes`` shifted by a scalar input of its
     own, in order after the inputs (the block of the algorithm a device holds)."""
