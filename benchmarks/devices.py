@@ -60,12 +60,16 @@ def main() -> int:
                       Strategy("ring", n, shard="q", stream="x", zigzag=True)]
         priced = distribute("causal_attention", "h200", big, "f32", n, strategy=strategies)
         for s in strategies:
+            label = f"{s.kind} over {n}{' (zigzag)' if s.zigzag else ''}"
+            p = next(p for p in priced.priced if p.strategy == s)
+            if not p.applies:
+                print(f"{label:<48} not applicable: {p.why}")
+                continue
             d = priced.choose(s).fit(small)
             k = d.kernel("triton", interpret=True)
             counted = sum(communication(k, *cxs).values())
             modelled = d.best.link_bytes
             err = float(np.max(np.abs(np.asarray(k(*cxs)) - cwant)) / np.max(np.abs(cwant)))
-            label = f"{s.kind} over {n}{' (zigzag)' if s.zigzag else ''}"
             print(f"{label:<48} {counted:>10.0f} {modelled:>10.0f} "
                   f"{counted / modelled:>6.3f} {err:>8.1e}")
     for name in ("attention", "causal_attention"):

@@ -265,3 +265,27 @@ def test_a_rings_certificates_replay_and_a_tampered_one_is_rejected():
     (_, decomposition), (_, local) = z.certificates()
     assert [s.rule for s in decomposition.steps] == ["group_partition", "stream_partition"]
     assert all(check_certificate(c.to_dict()).ok for c in (decomposition, local))
+
+
+def test_the_command_line_prices_devices_and_writes_the_plans_certificates(tmp_path, capsys):
+    """`napkin optimize ALGO --devices N --certificate PATH`: the plan explained, and beside
+    PATH the decomposition's and each device's certificates, which `napkin check` verifies;
+    a path that cannot be written stops it before any search, with one line."""
+    from napkin import cli
+    cert = tmp_path / "c.json"
+    rc = cli.main(["optimize", "causal_attention", "--size", "q=1024", "--size", "x=1024",
+                   "--size", "d=64", "--hardware", "h200", "--devices", "2",
+                   "--certificate", str(cert)])
+    out = capsys.readouterr().out
+    assert rc == 0 and "causal_attention on 2 × H200" in out and "one device:" in out
+    written = [tmp_path / "c.decomposition.json", tmp_path / "c.device.json"]
+    assert all(p.exists() for p in written) and "certificate of each device's program" in out
+    assert cli.main(["check", *map(str, written)]) == 0
+    assert "2 certificates verified" in capsys.readouterr().out
+    (tmp_path / "blocker").write_text("a file where a folder is asked for")
+    rc = cli.main(["optimize", "attention", "--devices", "2", "--certificate",
+                   str(tmp_path / "blocker" / "c.json")])
+    err = capsys.readouterr().err
+    assert rc != 0 and err.strip().splitlines() == [
+        f"napkin: error: --certificate '{tmp_path / 'blocker' / 'c.json'}': "
+        f"'{tmp_path / 'blocker'}' is a file, not a directory"]

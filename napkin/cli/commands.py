@@ -40,9 +40,12 @@ def device_plan(args, name, diagram, sizes):
         raise NapkinError(f"--devices {args.devices}: a positive number of devices")
     from napkin.devices import distribute
     arrive = None if args.arrive is None else tuple(a for a in args.arrive.split(",") if a)
+    from napkin.frontend.library import LIBRARY
+    source = {"from": args.from_} if getattr(args, "from_", None) else \
+        name if name in LIBRARY else None  # what its certificates name it by
     d = distribute(diagram, args.hardware, sizes, getattr(args, "dtype", "bf16"), args.devices,
                    arrive=arrive, max_states=getattr(args, "max_states", 2000),
-                   max_seconds=getattr(args, "max_seconds", 60.0))
+                   max_seconds=getattr(args, "max_seconds", 60.0), source=source)
     print(d.explain().replace(d.name, name, 1))
     return d
 
@@ -425,10 +428,14 @@ def _optimize(args) -> int:
     with Outputs() as out:
         cert = out.file(args.certificate, "--certificate")
         drawing = out.file(args.draw, "--draw", suffixes=PICTURES)
-        return _optimize_to(args, cert, drawing, out)
+        # with --devices, the plan's two beside it: PATH's stem + .decomposition / .device
+        beside = [] if cert is None or args.devices is None else [
+            out.file(cert.with_name(f"{cert.stem}.{part}{cert.suffix or '.json'}"),
+                     "--certificate with --devices") for part in ("decomposition", "device")]
+        return _optimize_to(args, cert, drawing, out, beside)
 
 
-def _optimize_to(args, cert, drawing, out) -> int:
+def _optimize_to(args, cert, drawing, out, beside=()) -> int:
     name, diagram, loaded = load(args.algorithm, args.from_)
     sizes = sizes_for(diagram, parse_sizes(args.size), "--size")
     targets = backward_inputs(args, diagram)
@@ -448,7 +455,10 @@ def _optimize_to(args, cert, drawing, out) -> int:
     if args.devices is not None and not args.json:
         if targets != [None]:
             raise NapkinError("--devices prices the forward: leave out --backward")
-        device_plan(args, name, diagram, sizes)
+        plan = device_plan(args, name, diagram, sizes)
+        for path, (what, c) in zip(beside, plan.certificates() if beside else ()):
+            out.write(path, lambda c=c, path=path: c.save(path))
+            print(f"certificate of {what} ({plan.strategy}): {path}")
     return 0
 
 

@@ -221,21 +221,23 @@ class Distributed:
 def distribute(algorithm, hardware="h200", sizes: dict | None = None, dtype: str | None = "bf16",
                devices: int | None = None, *, arrive: tuple | None = None,
                strategy: Strategy | None = None, all_devices: bool = False,
-               max_states: int = 2000, max_seconds: float = 60.0) -> Distributed:
+               max_states: int = 2000, max_seconds: float = 60.0,
+               source=None) -> Distributed:
     """Price every way of running ``algorithm`` on ``devices`` chips of ``hardware`` (default:
     the profile's ``devices``), fastest first.  ``arrive``: the axes the inputs come cut
     along (a sequence-parallel model hands attention Q cut along q and K, V along x:
     ``("q", "x")``); a strategy that wants an input otherwise gathers it first, over the
     link (default: each strategy's own layout, nothing moved before it runs).
     ``strategy``: price that one only (or those, a list); ``all_devices``: only strategies
-    on all ``devices`` (and one device).  Sizes and dtype as :func:`napkin.optimize`."""
+    on all ``devices`` (and one device).  Sizes, dtype and ``source`` (what a diagram's
+    certificates name it by) as :func:`napkin.optimize`."""
     from napkin.hardware import get_hardware
     from napkin.pipeline import optimize, resolve, sizes_for
     hw = get_hardware(hardware)
     n = hw.devices if devices is None else devices
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise NapkinError(f"devices={n!r}: a positive number of devices")
-    name, diagram, source = resolve(algorithm, None, None)
+    name, diagram, source = resolve(algorithm, source, None)
     sizes = sizes_for(diagram, sizes or {})
     cache: dict = {}
 
