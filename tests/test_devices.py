@@ -71,6 +71,18 @@ def test_a_causal_ring_in_zigzag_order_halves_the_steps():
     assert a.time_s <= b.time_s and a.compute_s < b.compute_s
     full = distribute("attention", "h200", sizes, "bf16", 8)
     assert not any(p.strategy.zigzag for p in full.priced)
+    # pieces small enough that the search keeps the keys in one tile (256 × 256): the ring
+    # folds the fastest streamed program the search reached instead
+    from napkin.devices.strategy import mergeable_stream
+    small = distribute("causal_attention", "h200", {"q": 4096, "x": 4096, "d": 128}, "f32", 8,
+                       strategy=[zigzag])
+    assert small.best.applies and small.best.local.sizes["x"] == 256
+    assert mergeable_stream(small.best.local.program)[0] is not None
+    from napkin.frontend.bases import with_bases
+    from napkin.frontend.library import get
+    own = nk.optimize(with_bases(get("causal_attention").diagram(), ("q", "x")), "h200",
+                      small.best.local.sizes, "f32")  # the search's own best: not a stream
+    assert mergeable_stream(own.program)[0] is None
     with pytest.raises(nk.NapkinError, match="does not divide over 8 chunks"):
         d.choose(Strategy("ring", 4, shard="q", stream="x", zigzag=True)).fit(
             {"q": 36, "x": 40, "d": 16}).kernel("triton", interpret=True)

@@ -379,6 +379,8 @@ def _price(s: Strategy, diagram, sizes, hw, dtype, searched) -> Priced:
         return _priced_program(p, opt, local)
     # a device's fold of its chunk: one stream (a gather may split it over the SMs as well:
     # the split's parts are merged with the other devices' states)
+    if mergeable_stream((opt.sequential or opt).program)[0] is None:
+        p.local = opt = _fastest_stream(opt) or opt
     seq = opt.sequential or opt
     if s.kind == "ring":
         p.local = opt = seq
@@ -443,6 +445,29 @@ def ring_work(s: Strategy, diagram, sizes: dict, skips: bool = True) -> list:
             most = max(most, kept)
         out.append(most)
     return out
+
+
+def _fastest_stream(opt):
+    """The fastest program ``opt``'s search reached that is one stream with a merge (what a
+    ring or a gather folds), as an Optimized; None when it reached none.  A share small
+    enough for one tile of the streamed axis is searched best unstreamed, and the device
+    level needs the stream all the same."""
+    import dataclasses
+    from napkin.lower.backends import get_backend
+    from napkin.pipeline import launch_of
+    r = opt.search
+    reached = sorted((r.graph.nodes[n]["state"] for n in r.graph.nodes),
+                     key=lambda st: st.time_s)
+    for st in reached:
+        if not st.feasible or st.error or st.unlowerable \
+                or mergeable_stream(st.program)[0] is None:
+            continue
+        if st._report is None:  # its full optimum, worked out as the best's was
+            st._report = r.best._report
+        return dataclasses.replace(opt, search=dataclasses.replace(r, best=st),
+                                   tiles=dict(st.tiles.values),
+                                   launch=launch_of(st.tiles, get_backend()))
+    return None
 
 
 def link_bytes(s: Strategy, diagram, local: dict, dtype, state: float) -> float:
