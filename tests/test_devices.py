@@ -88,6 +88,43 @@ def test_a_causal_ring_in_zigzag_order_halves_the_steps():
             {"q": 36, "x": 40, "d": 16}).kernel("triton", interpret=True)
 
 
+def test_a_two_dimensional_mesh_cuts_heads_over_one_axis_and_rings_over_the_other():
+    """GQA on 8 H200s: its KV heads cut over 4 devices, the ring over the other 2 within each
+    head block passes a quarter of K and V the 8-device ring passes: chosen, explained, and
+    its certificate decomposes over both mesh axes (the heads' group partition, then the
+    ring's), replayed by the checker."""
+    from napkin.certify.checker import check_certificate
+    from napkin.devices.plan import candidates
+    from napkin.frontend.library import get
+    sizes = {"k": 8, "r": 4, "q": 2 ** 17, "x": 2 ** 17, "d": 128}
+    two = Strategy("ring", 2, shard="q", stream="x", outer=(("k", 4),))
+    whole = nk.optimize("gqa", "h200", sizes, "bf16")
+    offered = candidates(get("gqa").diagram(), whole, sizes, 8)
+    assert two in offered and Strategy("gather", 4, stream="x", outer=(("k", 2),)) in offered
+    d = distribute("gqa", "h200", sizes, "bf16", 8, arrive=("q", "x"), strategy=[
+        two, Strategy("ring", 2, shard="q", stream="x", outer=(("r", 4),)),
+        Strategy("ring", 8, shard="q", stream="x"), Strategy("shard", 8, shard="k")])
+    assert d.best.strategy == two and two.total == 8 and two.mesh == (4, 2)
+    assert [p.strategy for p in distribute("gqa", "h200", sizes, "bf16", 8, mesh=(4, 2),
+                                           strategy=[two, Strategy("ring", 8, shard="q",
+                                                                   stream="x")]).priced] == [two]
+    with pytest.raises(nk.NapkinError, match=r"no strategy on a 2 × 2 × 2 mesh \(the meshes "
+                                             r"priced on 8 devices: 8, 4 × 2\)"):
+        distribute("gqa", "h200", sizes, "bf16", 8, mesh=(2, 2, 2), strategy=[
+            two, Strategy("ring", 8, shard="q", stream="x")])
+    assert "ring over 2 devices: q cut, x passed round; × k cut over 4 (a 4 × 2 mesh)" \
+        in d.explain()
+    flat = next(p for p in d.priced if p.strategy == Strategy("ring", 8, shard="q",
+                                                               stream="x"))
+    assert d.best.link_bytes * 7 == flat.link_bytes  # 1 step of K/8 against 7 of K/8
+    assert d.best.local.sizes == {**sizes, "k": 2, "q": 2 ** 16, "x": 2 ** 16}
+    (_, decomposition), _ = d.certificates()
+    steps = [(s.rule, s.params["axis"], s.site.path) for s in decomposition.steps]
+    assert steps[-3:] == [("group_partition", "k", ()), ("group_partition", "q", (0,)),
+                          ("stream_partition", "x", (0, 0))]
+    assert check_certificate(decomposition.to_dict()).ok
+
+
 def test_a_cut_along_an_axis_positions_are_read_along_hands_each_device_its_base():
     """A causal mask compares global positions, cross-entropy's take finds the label's
     global position: cut over devices, the per-device program takes each cut axis's base
@@ -160,7 +197,10 @@ cases = [("attention", {"q": 4096, "x": 4096, "d": 128}, {"q": 40, "x": 96, "d":
            Strategy("ring", 4, shard="q", stream="x"), Strategy("ring", 8, shard="q",
            stream="x")]),
          ("gqa", {"k": 8, "r": 4, "q": 4096, "x": 4096, "d": 128},
-          {"k": 4, "r": 3, "q": 24, "x": 40, "d": 16}, [Strategy("shard", 4, shard="k")]),
+          {"k": 4, "r": 3, "q": 24, "x": 40, "d": 16},
+          [Strategy("shard", 4, shard="k"),  # and 2-D meshes: KV heads × a ring or gather
+           Strategy("ring", 2, shard="q", stream="x", outer=(("k", 4),)),
+           Strategy("gather", 4, stream="x", outer=(("k", 2),))]),
          # positions read along a cut axis: each device handed its base
          ("causal_attention", {"q": 4096, "x": 4096, "d": 128}, {"q": 40, "x": 48, "d": 16},
           [Strategy("shard", 4, shard="q"), Strategy("ring", 4, shard="q", stream="x"),
@@ -192,16 +232,20 @@ print(json.dumps(out))
 
 _GRAD = _HEAD + """
 loss = lambda f: lambda *a: jnp.sum(jnp.tanh(f(*a)))
-small = {"q": 40, "x": 96, "d": 16}
-for name, strategy, key in [("attention", Strategy("shard", 4, shard="q"), "grad"),
-                            ("causal_attention", Strategy("ring", 4, shard="q", stream="x",
-                                                          zigzag=True), "ring grad")]:
+import sys
+cases = [("attention", Strategy("shard", 4, shard="q"), "grad"),
+         ("causal_attention", Strategy("ring", 4, shard="q", stream="x", zigzag=True),
+          "ring grad"),
+         ("gqa", Strategy("ring", 2, shard="q", stream="x", outer=(("k", 4),)), "2-D grad")]
+for name, strategy, key in [cases[int(i)] for i in sys.argv[1].split(",")]:
     alg = get(name)
+    heads = name == "gqa"
+    small = {"q": 40, "x": 96, "d": 16, **({"k": 4, "r": 2} if heads else {})}
+    big = {"q": 4096, "x": 4096, "d": 128, **({"k": 8, "r": 4} if heads else {})}
     xs = [np.asarray(a, np.float32) for a in alg.sample(rng, small)]
     with jax.enable_x64(True):
         want = jax.grad(loss(alg.reference), (0, 1, 2))(*(np.float64(a) for a in xs))
-    priced = distribute(name, "h200", {"q": 4096, "x": 4096, "d": 128}, "f32", 8,
-                        strategy=[strategy])
+    priced = distribute(name, "h200", big, "f32", 8, strategy=[strategy])
     k = priced.choose(strategy).fit(small).kernel("triton", interpret=True)
     got = jax.grad(loss(k), (0, 1, 2))(*xs)
     out[key] = max(float(np.max(np.abs(np.asarray(g) - np.asarray(w))) /
@@ -235,18 +279,21 @@ def test_strategies_run_on_eight_cpu_devices_as_the_model_says(half):
             7 * 2 * (96 // 8) * 16 * 4  # 7 steps pass K's and V's 12 keys on
         assert out["attention gather over 4 devices: x cut, partial states merged"][1] == \
             3 * 40 * (16 + 2) * 4       # 3 others' (μ, z, o) states
+        assert out["gqa ring over 2 devices: q cut, x passed round; × k cut over 4 (a 4 × 2 "
+                   "mesh)"][1] == 1 * 2 * (4 // 4) * (40 // 2) * 16 * 4  # K's, V's share, once
     else:
         assert len(out) == 6 and "cross_entropy gather over 4 devices: v cut, partial states " \
             "merged" in out
         assert sum("zigzag" in case for case in out) == 2
 
 
-def test_gradients_go_through_a_shard_and_a_ring():
+@pytest.mark.parametrize("cases", ["0,1", "2"], ids=["a shard, a zigzag ring", "a 2-D mesh"])
+def test_gradients_go_through_a_shard_and_a_ring(cases):
     """A shard's kernel has napkin's derived backward on each device; a ring's (causal, in
-    zigzag order) runs the forward that saves L, then the backward programs, each
-    distributed in turn."""
-    out = _on_eight_devices(_GRAD)
-    assert out["grad"] <= 1e-4 and out["ring grad"] <= 1e-4, out
+    zigzag order; GQA's on a 4 × 2 mesh) runs the forward that saves L, then the backward
+    programs, each distributed in turn."""
+    out = _on_eight_devices(_GRAD, cases)
+    assert len(out) == len(cases.split(",")) and all(v <= 1e-4 for v in out.values()), out
 
 
 def test_a_rings_certificates_replay_and_a_tampered_one_is_rejected():
@@ -294,6 +341,13 @@ def test_the_command_line_prices_devices_and_writes_the_plans_certificates(tmp_p
     assert all(p.exists() for p in written) and "certificate of each device's program" in out
     assert cli.main(["check", *map(str, written)]) == 0
     assert "2 certificates verified" in capsys.readouterr().out
+    for argv, words in [(["--mesh", "4x2"], "--mesh shapes the plan over devices: give "
+                                            "--devices N too"),
+                        (["--devices", "8", "--mesh", "3x3"], "--mesh 3x3: a shape such as "
+                                                              "4x2 whose devices multiply to "
+                                                              "--devices 8")]:
+        assert cli.main(["optimize", "gqa", *argv]) == 2  # before any search
+        assert capsys.readouterr().err.strip() == f"napkin: error: {words}"
     (tmp_path / "blocker").write_text("a file where a folder is asked for")
     rc = cli.main(["optimize", "attention", "--devices", "2", "--certificate",
                    str(tmp_path / "blocker" / "c.json")])

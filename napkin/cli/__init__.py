@@ -131,6 +131,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.command is None:
             raise UsageError(f"no command given; commands: {', '.join(options.COMMANDS)} "
                              f"(see '{PROG} --help')")
+        for flag in ("arrive", "mesh"):  # options of the device plan: meaningless without it
+            if getattr(args, flag, None) is not None and getattr(args, "devices", None) is None:
+                raise UsageError(f"--{flag} shapes the plan over devices: give --devices N too")
+        from napkin.cli.commands import mesh_shape
+        mesh_shape(args)  # a bad shape stops the command before any search
         with _progress(sys.stderr):
             status = options.COMMANDS[args.command].run(args)
         return 0 if status is None else int(status)

@@ -29,7 +29,24 @@ DEVICES = (arg("--devices", type=int, default=None, metavar="N",
                      "axis, a ring, a gather of partial states) and say which wins"),
            arg("--arrive", default=None, metavar="AXES",
                help="with --devices: the axes the inputs come cut along, e.g. q,x (a "
-                    "sequence-parallel model's); others are gathered first"))
+                    "sequence-parallel model's); others are gathered first"),
+           arg("--mesh", default=None, metavar="AxB",
+               help="with --devices: only strategies on a mesh of this shape, e.g. 4x2 (an "
+                    "outer woven axis over 4 devices, a ring or gather over 2 within each)"))
+
+
+def mesh_shape(args) -> tuple | None:
+    """--mesh AxB as a tuple of device counts (None without it), checked against --devices."""
+    if getattr(args, "mesh", None) is None:
+        return None
+    try:
+        mesh = tuple(int(k) for k in args.mesh.lower().split("x"))
+    except ValueError:
+        mesh = ()
+    if not mesh or min(mesh) < 1 or math.prod(mesh) != args.devices:
+        raise NapkinError(f"--mesh {args.mesh}: a shape such as 4x2 whose devices multiply "
+                          f"to --devices {args.devices}")
+    return mesh
 
 
 def device_plan(args, name, diagram, sizes):
@@ -40,12 +57,13 @@ def device_plan(args, name, diagram, sizes):
         raise NapkinError(f"--devices {args.devices}: a positive number of devices")
     from napkin.devices import distribute
     arrive = None if args.arrive is None else tuple(a for a in args.arrive.split(",") if a)
+    mesh = mesh_shape(args)
     from napkin.frontend.library import LIBRARY
     source = {"from": args.from_} if getattr(args, "from_", None) else \
         name if name in LIBRARY else None  # what its certificates name it by
     d = distribute(diagram, args.hardware, sizes, getattr(args, "dtype", "bf16"), args.devices,
                    arrive=arrive, max_states=getattr(args, "max_states", 2000),
-                   max_seconds=getattr(args, "max_seconds", 60.0), source=source)
+                   max_seconds=getattr(args, "max_seconds", 60.0), source=source, mesh=mesh)
     print(d.explain().replace(d.name, name, 1))
     return d
 

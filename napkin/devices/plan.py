@@ -26,6 +26,7 @@ merge, an input carrying both cut axes, sizes that do not fit a device's memory)
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -94,7 +95,6 @@ class Distributed:
 
     def choose(self, strategy: Strategy) -> Distributed:
         """This answer with ``strategy`` (one of those priced) in place of the fastest."""
-        import dataclasses
         for p in self.priced:
             if p.strategy == strategy:
                 if not p.applies:
@@ -107,7 +107,6 @@ class Distributed:
     def fit(self, sizes: dict) -> Distributed:
         """The chosen strategy at other (smaller) sizes: its per-device program as found at
         scale, fitted (:meth:`napkin.Optimized.fit`) to the per-device sizes."""
-        import dataclasses
         from napkin.pipeline import sizes_for
         sizes = sizes_for(self.algorithm, sizes)
         p = self.best
@@ -153,18 +152,25 @@ class Distributed:
             site = everything(path)
             program = RULES[rule].apply(program, site, params)
             steps.append((rule, site, params))
+        inner = ()  # the outer axes' groups first (a 2-D mesh), the strategy's own inside
+        for a, _ in s.outer:
+            tiles[f"dev_{a}"] = share[a]
+            step("group_partition", inner, {"axis": a, "size": f"dev_{a}", "level": "gmem"})
+            inner += (0,)
         if s.shard is not None:
             tiles[f"dev_{s.shard}"] = share[s.shard]
-            step("group_partition", (), {"axis": s.shard, "size": f"dev_{s.shard}",
-                                         "level": "gmem"})
+            step("group_partition", inner, {"axis": s.shard, "size": f"dev_{s.shard}",
+                                            "level": "gmem"})
         if s.stream is not None:
             tiles[f"dev_{s.stream}"] = share[s.stream]
             if s.kind == "ring":
-                step("stream_partition", (0,), {"axis": s.stream, "chunk": f"dev_{s.stream}"})
+                step("stream_partition", (*inner, 0), {"axis": s.stream,
+                                                       "chunk": f"dev_{s.stream}"})
             else:  # each part is one device's share, folded in one chunk
                 tiles[f"chunk_{s.stream}"] = share[s.stream]
-                step("stream_partition", (), {"axis": s.stream, "chunk": f"chunk_{s.stream}"})
-                step("split_stream", (), {"axis": s.stream, "size": f"dev_{s.stream}"})
+                step("stream_partition", inner, {"axis": s.stream,
+                                                 "chunk": f"chunk_{s.stream}"})
+                step("split_stream", inner, {"axis": s.stream, "size": f"dev_{s.stream}"})
         small, small_tiles = check_instance(self.sizes, tiles)
         # (the shares are the per-device program's: zigzag's pieces, two per device; which
         # device holds which group is the group partition's business — groups are
@@ -198,7 +204,7 @@ class Distributed:
         from napkin.pipeline import backward_groups
 
         def distributed(diagram, strategy=None):
-            n = self.strategy.devices
+            n = self.strategy.total
             d = None
             if strategy is not None:
                 try:
@@ -222,15 +228,16 @@ def distribute(algorithm, hardware="h200", sizes: dict | None = None, dtype: str
                devices: int | None = None, *, arrive: tuple | None = None,
                strategy: Strategy | None = None, all_devices: bool = False,
                max_states: int = 2000, max_seconds: float = 60.0,
-               source=None) -> Distributed:
+               source=None, mesh: tuple | None = None) -> Distributed:
     """Price every way of running ``algorithm`` on ``devices`` chips of ``hardware`` (default:
     the profile's ``devices``), fastest first.  ``arrive``: the axes the inputs come cut
     along (a sequence-parallel model hands attention Q cut along q and K, V along x:
     ``("q", "x")``); a strategy that wants an input otherwise gathers it first, over the
     link (default: each strategy's own layout, nothing moved before it runs).
     ``strategy``: price that one only (or those, a list); ``all_devices``: only strategies
-    on all ``devices`` (and one device).  Sizes, dtype and ``source`` (what a diagram's
-    certificates name it by) as :func:`napkin.optimize`."""
+    on all ``devices`` (and one device); ``mesh``: only strategies on a mesh of that shape
+    (``(4, 2)``: an outer axis over 4, the strategy's own over 2).  Sizes, dtype and
+    ``source`` (what a diagram's certificates name it by) as :func:`napkin.optimize`."""
     from napkin.hardware import get_hardware
     from napkin.pipeline import optimize, resolve, sizes_for
     hw = get_hardware(hardware)
@@ -261,7 +268,14 @@ def distribute(algorithm, hardware="h200", sizes: dict | None = None, dtype: str
     wanted = candidates(diagram, whole, sizes, n) if strategy is None else \
         list(strategy) if isinstance(strategy, (list, tuple)) else [strategy]
     if all_devices:
-        wanted = [w for w in wanted if w.devices in (1, n)]
+        wanted = [w for w in wanted if w.total in (1, n)]
+    if mesh is not None:
+        shapes = sorted({w.mesh for w in wanted if w.kind != ONE}, key=lambda m: (len(m), m))
+        wanted = [w for w in wanted if w.mesh == tuple(mesh)]
+        if not wanted:
+            raise NapkinError(f"{name}: no strategy on a {' × '.join(map(str, mesh))} mesh "
+                              f"(the meshes priced on {n} devices: "
+                              f"{', '.join(' × '.join(map(str, m)) for m in shapes) or 'none'})")
     priced = [price(s, diagram, whole, sizes, hw, dtype, searched, arrive) for s in wanted]
     priced.sort(key=lambda p: (not p.applies, p.time_s, p.strategy.devices))
     if not priced[0].applies:
@@ -323,6 +337,12 @@ def candidates(diagram, whole, sizes: dict, n: int) -> list:
                 if (kept_band(diagram, a, x) or kept_band(diagram, x, a)) is not None \
                         and min(sizes[a], sizes[x]) >= 2 * k:
                     out.append(Strategy("ring", k, shard=a, stream=x, zigzag=True))
+    # a 2-D mesh: a ring or gather on part of the devices, within each block of another woven
+    # axis (heads) cut over the rest
+    for s in [s for s in out if s.kind in ("ring", "gather") and s.devices < n]:
+        k = n // s.devices
+        out += [dataclasses.replace(s, outer=((a, k),)) for a in woven
+                if a not in (s.shard, s.stream) and sizes[a] >= k and n % s.devices == 0]
     return out
 
 
@@ -348,10 +368,12 @@ def arrival_bytes(s: Strategy, diagram, sizes: dict, dtype, arrive) -> float:
     """Bytes one device gathers before ``s`` runs: each input that arrives cut along another
     axis than ``s`` wants it (``arrive``), all-gathered ((n − 1) shares of it)."""
     moved = 0.0
+    outer = dict(s.outer)
     for ob in diagram.dom.inside:
         came = next((a for a in arrive or () if ob.type.has(a)), None)
-        if came is not None and came != layout(s, ob.type):
-            moved += (s.devices - 1) / s.devices * _bytes(ob.type, sizes, dtype)
+        if came is not None and came != layout(s, ob.type) and came not in outer:
+            moved += (s.devices - 1) / s.devices * _bytes(ob.type, sizes, dtype) / math.prod(
+                k for a, k in s.outer if ob.type.has(a))
     return moved
 
 
@@ -365,7 +387,7 @@ def _price(s: Strategy, diagram, sizes, hw, dtype, searched) -> Priced:
         return p
     from napkin.frontend.bases import position_readers
     # a cut axis positions are read along: each device is handed its share's start
-    p.bases = tuple(a for a in (s.shard, s.stream)
+    p.bases = tuple(a for a in (*(a for a, _ in s.outer), s.shard, s.stream)
                     if a is not None and position_readers(diagram, a))
     for ob in diagram.dom.inside:
         try:
@@ -452,7 +474,6 @@ def _fastest_stream(opt):
     ring or a gather folds), as an Optimized; None when it reached none.  A share small
     enough for one tile of the streamed axis is searched best unstreamed, and the device
     level needs the stream all the same."""
-    import dataclasses
     from napkin.lower.backends import get_backend
     from napkin.pipeline import launch_of
     r = opt.search
@@ -488,9 +509,8 @@ def local_sizes(s: Strategy, sizes: dict) -> dict:
     ⌈size / devices⌉ (zigzag: a piece, ⌈size / 2·devices⌉; a device runs it on each pair of
     its pieces)."""
     local = dict(sizes)
-    for a in (s.shard, s.stream):
-        if a is not None and s.kind != ONE:
-            local[a] = -(-sizes[a] // (s.devices * s.pieces))
+    for a, k in s.cuts().items():
+        local[a] = -(-sizes[a] // k)
     return local
 
 

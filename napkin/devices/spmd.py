@@ -24,22 +24,31 @@ from napkin.core.errors import NapkinError
 AXIS = "devices"
 
 
-def mesh_of(n: int):
+def mesh_of(s):
+    """The mesh strategy ``s`` runs on: its outer axes' mesh axes (a 2-D mesh: heads × ring),
+    then its own, "devices"."""
     import jax
     import numpy as np
     from jax.sharding import Mesh
+    from napkin.devices.strategy import mesh_axis
+    n = s.total
     have = jax.devices()
     if len(have) < n:
         raise NapkinError(f"the plan is for {n} devices and JAX sees {len(have)} "
                           f"({have[0].platform}); on a CPU set XLA_FLAGS="
                           f"--xla_force_host_platform_device_count={n} before JAX starts")
-    return Mesh(np.array(have[:n]), (AXIS,))
+    shape = (*(k for _, k in s.outer), s.devices)
+    return Mesh(np.array(have[:n]).reshape(shape), (*(mesh_axis(a) for a, _ in s.outer), AXIS))
 
 
-def partition_spec(t, cut: str | None):
-    """The PartitionSpec of an array of type ``t`` cut along ``cut`` (None: whole)."""
+def partition_spec(t, cut: str | None, outer=()):
+    """The PartitionSpec of an array of type ``t`` cut along ``cut`` over the strategy's own
+    mesh axis (None: whole), and along each outer axis ((axis, devices), …) over its own."""
     from jax.sharding import PartitionSpec as P
-    return P(*(AXIS if a.name == cut else None for a in t.axes))
+    from napkin.devices.strategy import mesh_axis
+    others = {a for a, _ in outer}
+    return P(*(AXIS if a.name == cut else mesh_axis(a.name) if a.name in others else None
+               for a in t.axes))
 
 
 def lower_distributed(d, *, backend="auto", interpret="auto", dtype=None, derivative=None):
@@ -56,15 +65,15 @@ def lower_distributed(d, *, backend="auto", interpret="auto", dtype=None, deriva
     if s.kind == "one":
         return p.local.kernel(backend, interpret=interpret, dtype=dtype)
     _divides(d, s)
-    mesh = mesh_of(s.devices)
+    mesh = mesh_of(s)
     ins, outs = array_types(d.algorithm.dom), array_types(d.algorithm.cod)
-    in_specs = tuple(partition_spec(t, layout(s, t)) for t in ins)
+    in_specs = tuple(partition_spec(t, layout(s, t), s.outer) for t in ins)
     local_names = [ob.name for ob in p.local.algorithm.dom.inside]  # the inputs, the bases
     bases = _bases(p)
     if s.kind == "shard":
         kernel = p.local.kernel(backend, interpret=interpret, dtype=dtype)
         body = lambda *xs: kernel(*xs, *bases(0))  # noqa: E731
-        out_specs = tuple(partition_spec(t, layout(s, t)) for t in outs)
+        out_specs = tuple(partition_spec(t, layout(s, t), s.outer) for t in outs)
     else:
         parts, merge_box, finalize, merge, fixed = _split(p, backend, interpret, dtype)
         if s.kind == "gather":  # the merge folds every device's parts: the whole axis's
@@ -72,11 +81,11 @@ def lower_distributed(d, *, backend="auto", interpret="auto", dtype=None, deriva
             merge_box = merge_box.bound({sympy.Symbol(s.stream, integer=True, positive=True):
                                          d.sizes[s.stream]})
             body = _gather(parts, merge_box, local_names, s, bases)
-            out_specs = tuple(partition_spec(t, None) for t in outs)
+            out_specs = tuple(partition_spec(t, None, s.outer) for t in outs)
         else:
             body = _ring((parts, merge, finalize, fixed), array_types(p.local.algorithm.dom),
                          outs, local_names, s, bases)
-            out_specs = tuple(partition_spec(t, layout(s, t)) for t in outs)
+            out_specs = tuple(partition_spec(t, layout(s, t), s.outer) for t in outs)
     one = len(outs) == 1
     f = jax.shard_map(body if not one else (lambda *xs: _tupled(body(*xs))), mesh=mesh,
                       in_specs=in_specs, out_specs=out_specs, check_vma=False)
@@ -144,13 +153,19 @@ def _bases(p):
     size (p.sizes: the per-device program's)."""
     import jax
     import jax.numpy as jnp
+    from napkin.devices.strategy import mesh_axis
     s = p.strategy
+
+    outer = dict(s.outer)
 
     def bases(step=0, mine=0, theirs=0):
         i = jax.lax.axis_index(AXIS)
         out = []
         for a in p.bases:
-            if s.kind == "ring" and a == s.stream:
+            if a in outer:  # this device's block of an outer axis
+                block = jax.lax.axis_index(mesh_axis(a))
+                out.append((block * p.sizes[a]).astype(jnp.int32))
+            elif s.kind == "ring" and a == s.stream:
                 chunk = s.chunk((i - step) % s.devices, theirs)
             else:
                 chunk = s.chunk(i, mine if a == s.shard else theirs)
@@ -195,11 +210,10 @@ def _tupled(out):
 
 
 def _divides(d, s):
-    for a in (s.shard, s.stream):
-        parts = s.devices * s.pieces
-        if a is not None and d.sizes[a] % parts:
-            what = f"{parts} chunks (zigzag: 2 per device)" if s.zigzag else \
-                f"{s.devices} devices"
+    for a, parts in s.cuts().items():
+        if d.sizes[a] % parts:
+            what = f"{parts} chunks (zigzag: 2 per device)" if s.zigzag and a in (
+                s.shard, s.stream) else f"{parts} devices"
             raise NapkinError(f"{a}={d.sizes[a]} does not divide over {what} (the SPMD engine "
                               f"cuts equal shares): choose sizes or a device count that divide")
 
@@ -320,8 +334,8 @@ def communication(f, *args) -> dict:
                 continue
             if name in COLLECTIVES:
                 sent = sum(v.aval.size * v.aval.dtype.itemsize for v in e.invars)
-                if name == "all_gather":
-                    sent *= n - 1
+                if name == "all_gather":  # from the others along its own mesh axis
+                    sent *= e.params.get("axis_size", n) - 1
                 out[name] = out.get(name, 0) + sent
             for sub in jax.core.subjaxprs(e) if hasattr(jax.core, "subjaxprs") else ():
                 walk(sub, n)

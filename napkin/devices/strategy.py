@@ -17,8 +17,15 @@ class Strategy:
     shard: str | None = None    # the woven axis cut over the devices (shard, ring's queries)
     stream: str | None = None   # the streamed axis cut over the devices (ring, gather)
     zigzag: bool = False        # a ring's axes in 2n chunks, device i holding i and 2n−1−i
+    # further woven axes, each cut over a mesh axis of its own: ((axis, devices), …) — a
+    # 2-D mesh such as heads × ring; the strategy above runs within each of their blocks
+    outer: tuple = ()
 
     def __str__(self):
+        return self._own() + "".join(f"; × {a} cut over {k} (a {self.mesh_text()} mesh)"
+                                     for a, k in self.outer)
+
+    def _own(self) -> str:
         if self.kind == ONE:
             return "one device"
         if self.kind == "shard":
@@ -29,6 +36,30 @@ class Strategy:
             return (f"ring over {self.devices} devices: {self.shard} cut, {self.stream} "
                     f"passed round{order}")
         return f"gather over {self.devices} devices: {self.stream} cut, partial states merged"
+
+    @property
+    def total(self) -> int:
+        """Every device the strategy runs on: its own axis's times the outer axes'."""
+        n = self.devices
+        for _, k in self.outer:
+            n *= k
+        return n
+
+    @property
+    def mesh(self) -> tuple:
+        """The mesh's shape: the outer axes' device counts, then the strategy's own."""
+        return (*(k for _, k in self.outer), self.devices)
+
+    def mesh_text(self) -> str:
+        return " × ".join(map(str, self.mesh))
+
+    def cuts(self) -> dict:
+        """{axis: devices it is cut over} — the outer axes, the shard and the stream."""
+        out = dict(self.outer)
+        for a in (self.shard, self.stream):
+            if a is not None and self.kind != ONE:
+                out[a] = self.devices * self.pieces
+        return out
 
     @property
     def pieces(self) -> int:
@@ -49,8 +80,14 @@ class Strategy:
         return [self.chunk(i, k) for i in range(self.devices) for k in range(self.pieces)]
 
 
+def mesh_axis(axis: str) -> str:
+    """The name of the mesh axis an outer woven axis is cut over."""
+    return f"{axis}_devices"
+
+
 def layout(s: Strategy, t) -> str | None:
-    """The axis an input (or output) of type ``t`` is cut along under ``s`` (None: whole)."""
+    """The axis an input (or output) of type ``t`` is cut along over the strategy's own mesh
+    axis (None: whole along it; :attr:`Strategy.outer` axes are cut over theirs besides)."""
     if s.kind == ONE:
         return None
     cut = [a for a in (s.shard, s.stream) if a is not None and t.has(a)]
