@@ -14,7 +14,9 @@ work into independent pieces.  The strategies (:mod:`.plan`):
   chunks, device i holding i and 2n − 1 − i) a causal ring's devices keep as much as each
   other, and each step is priced by its busiest device's unmasked block pairs;
 * ``gather`` — the streamed axis cut over the devices, each folding its chunk from the
-  empty state, the partial states gathered and merged (flash-decoding across devices).
+  empty state, the partial states gathered and merged (flash-decoding across devices);
+* a 2-D mesh — a ring or gather on part of the devices, within each block of another woven
+  axis cut over the rest (``Strategy.outer``: GQA's KV heads × a ring).
 
 A box that reads positions along a cut axis (a causal mask, a take) is handed the base of
 the device's share (:mod:`napkin.frontend.bases`).  Each is priced (:mod:`.plan`) from the

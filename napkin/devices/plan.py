@@ -18,6 +18,10 @@ crosses the links:
 * ``gather x`` — ``x`` cut over n devices, each folding its chunk from the empty state, the
   partial states gathered (n − 1 states in, per device, over the link) and merged.
 
+* a 2-D mesh — any of ring or gather on k of n devices, within each of n / k blocks of
+  another woven axis (``Strategy.outer``): its per-device sizes cut by both, its link the
+  inner strategy's.
+
 A box that reads positions along a cut axis (a causal or window mask, positions, a take) is
 handed the base of the device's share (napkin.frontend.bases: the per-device program takes
 ``<axis>_base``).  A strategy that does not apply says why (no woven axis, no stream with a

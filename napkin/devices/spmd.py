@@ -1,5 +1,6 @@
-"""A distributed program on JAX's SPMD engine: ``jax.shard_map`` over a one-axis mesh of
-``n`` devices, named "devices", with ``ppermute`` and ``all_gather`` between them — no
+"""A distributed program on JAX's SPMD engine: ``jax.shard_map`` over a mesh whose last axis,
+"devices", carries the strategy (a 2-D mesh puts each outer woven axis on one of its own
+before it, ``<axis>_devices``), with ``ppermute`` and ``all_gather`` along "devices" — no
 communication layer of napkin's own.  The per-device body is napkin's single-device kernel.
 
 * ``shard a``: the per-device program's kernel under shard_map, inputs and outputs cut along
