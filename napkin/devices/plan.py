@@ -203,7 +203,8 @@ class Distributed:
     def _derivative(self, backend, interpret, dtype):
         """(the distributed saving forward's kernel, [(input names, the distributed backward
         program's kernel)]) at these sizes: each distributed by the same pricing (the saving
-        forward as this one where it applies)."""
+        forward as this one where it applies; the backward programs on this one's mesh where
+        a strategy applies on it, else on any of these devices)."""
         from napkin.frontend.grad import grad, residuals
         from napkin.pipeline import backward_groups
 
@@ -216,9 +217,15 @@ class Distributed:
                                    arrive=self.arrive, strategy=strategy)
                 except NapkinError:
                     d = None  # it does not apply to this program: priced like any other
-            if d is None:
-                d = distribute(diagram, self.hardware, self.sizes, self.dtype, n,
-                               arrive=self.arrive, all_devices=True)
+            for mesh in (self.strategy.mesh, None):  # the forward's mesh first: one mesh
+                if d is not None:                    # for the step, and fewer to price
+                    break
+                try:
+                    d = distribute(diagram, self.hardware, self.sizes, self.dtype, n,
+                                   arrive=self.arrive, all_devices=True, mesh=mesh)
+                except NapkinError:
+                    if mesh is None:
+                        raise
             return d.kernel(backend, interpret=interpret, dtype=dtype)
         saving = distributed(residuals(self.algorithm), self.strategy)
         pieces = []
