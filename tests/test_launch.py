@@ -309,3 +309,33 @@ def test_a_tile_through_erf_holds_the_kernel_writers_temporaries():
         (k,) = kernels(build(D, H100, "bf16"))
         held[fn] = max(value_at(r, {"n": 256, "g_n": 64, "e": 32, "f": 16}) for r in k.registers)
     assert held["gelu"] - held["relu"] == 2 * 64 * 16, held
+
+
+def test_a_slimmed_grid_answers_as_before_and_holds_no_arrays_over_its_points(monkeypatch):
+    """Grid.slim drops the arrays over every point (a search keeps hundreds of evaluated
+    states); what it is asked again — its best point, time, memory, each kernel's launch at a
+    point, the full optimum — is worked out afresh and is what it was."""
+    from napkin.search.engine import Evaluator, State
+    c = cost(program("attention", ATTENTION), H100, "bf16")
+    sizes = {"q": 4096, "x": 4096, "d": 128}
+    g = Grid(c, sizes)
+    best, ok = g.best()
+    before = (float(g.time[best]), {lv: float(m[best]) for lv, m in g.mem.items()},
+              g.launches.at(best), optimize_tiles(c, sizes=sizes, grid=g).values)
+    assert ok and "mem" in vars(g) and "launches" in vars(g)
+    g.slim()
+    assert not set(vars(g)) & set(Grid.WHOLE)  # nothing over the grid's points is held
+    assert [k.at(0) for k in Launches.point(g, best)] == before[2]
+    assert g.best() == (best, True) and float(g.time[best]) == before[0]
+    assert {lv: float(m[best]) for lv, m in g.mem.items()} == before[1]
+    assert optimize_tiles(c, sizes=sizes, grid=g).values == before[3]
+    # the search slims each evaluated state's grid of SLIM_POINTS or more, none smaller
+    from napkin.search import engine
+    for least, slimmed in [(engine.SLIM_POINTS, False), (1, True)]:
+        monkeypatch.setattr(engine, "SLIM_POINTS", least)
+        st = State("attention", program("attention", ATTENTION), ())
+        ev = Evaluator("h100", sizes, "bf16")
+        ev(st)
+        st._report = ev  # (as the search does for the states it reports)
+        assert st.feasible and st.time_s == pytest.approx(before[0], rel=1e-9)
+        assert ("mem" not in vars(st.grid)) == slimmed and st.tiles.values == before[3]

@@ -127,10 +127,15 @@ class Launches:
         return kl, dims
 
     def _at(self, i: int) -> list[KernelLaunch]:
-        env = {**self.grid.sizes, **self.grid.values(i)}
+        return self.point(self.grid, i)
+
+    @classmethod
+    def point(cls, grid, i: int) -> list[KernelLaunch]:
+        """Each kernel of ``grid``'s program launched at point ``i`` alone (no arrays over
+        the grid: what a slimmed grid still answers)."""
+        env = {**grid.sizes, **grid.values(i)}
         ev = lambda e: np.array([value_at(e, env)])  # noqa: E731
-        c = self.grid.c
-        return [self._kernel(k, c, ev, 1) for k in self.resources]
+        return [cls._kernel(k, grid.c, ev, 1) for k in kernel_resources(grid.c.schedule)]
 
     def at(self, i: int) -> list[dict]:
         """Each kernel's launch at point ``i``."""

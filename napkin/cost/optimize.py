@@ -318,22 +318,51 @@ class Grid:
         self.axis_of = {t: np.asarray(self.cands[t.name], dtype=float).reshape(
             [-1 if k == j else 1 for k in range(len(free))]) for j, t in enumerate(free)}
         self.n = math.prod(self.shape)
+        self._memory()
+
+    # The arrays over the whole grid (the memory peaks and everything below) are worked out
+    # on first use and dropped by :meth:`slim`; what a search keeps of a state is its best
+    # point and the least memory of each candidate (``mem_least``).
+    @functools.cached_property
+    def nested_ok(self) -> np.ndarray:
+        c, free = self.c, self.free
         nested = np.ones(self.shape, bool)  # a tile inside a tile of the same axis fits it
         for t in free:
             if set(c.tiles[t].full.free_symbols) & set(free):
                 nested &= self.axis_of[t] <= self._ev(c.tiles[t].full)
-        self.nested_ok = nested.reshape(-1)
-        # each level's peak: the largest of its candidate peaks; of each candidate only its
-        # least is kept (a search reads those: how far a program is from fitting)
-        self.mem, self.mem_least = {}, {}
-        for lv in c.levels[1:]:
+        return nested.reshape(-1)
+
+    def _memory(self):
+        """Each level's peak: the largest of its candidate peaks; of each candidate only its
+        least is kept (a search reads those: how far a program is from fitting)."""
+        mem, self.mem_least = {}, {}
+        for lv in self.c.levels[1:]:
             peak, least = np.zeros(self.n), []
-            for e in c.memory_bytes_candidates[lv]:
+            for e in self.c.memory_bytes_candidates[lv]:
                 at = self.ev(e)
                 np.maximum(peak, at, out=peak)
                 least.append(float(at.min()))
-            self.mem[lv], self.mem_least[lv] = peak, least
-        self.memsum = sum(self.mem.values())
+            mem[lv], self.mem_least[lv] = peak, least
+        self.__dict__["mem"], self.__dict__["memsum"] = mem, sum(mem.values())
+        return mem
+
+    @functools.cached_property
+    def mem(self) -> dict:
+        return self._memory()
+
+    @functools.cached_property
+    def memsum(self) -> np.ndarray:
+        return sum(self.mem.values())
+
+    WHOLE = ("nested_ok", "mem", "memsum", "_times", "steps", "flat", "transfer_time", "time",
+             "Hv", "Hb", "launches")
+
+    def slim(self) -> None:
+        """Drop the arrays over the whole grid (a large program's grid holds millions of
+        points, tens of MB an array): a search keeps hundreds of evaluated states, and reads
+        a state's arrays again only for the few it reports, worked out afresh."""
+        for name in self.WHOLE:
+            self.__dict__.pop(name, None)
 
     # Times and traffic are worked out on first use: a search that finds no tiling
     # fitting in memory needs only the memory.

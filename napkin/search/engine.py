@@ -349,6 +349,8 @@ class Evaluator:
                 state.excess = (self.overflow(state.program, {**self.sizes, **state.tile_values})
                                 + (launches.excess if launches is not None else 0.0),
                                 sum(m for least in grid.mem_least.values() for m in least))
+            if grid.n >= SLIM_POINTS:  # kept: the best point and what the search reads
+                grid.slim()
         except Exception as e:  # noqa: BLE001 - a program that cannot be costed is not chosen
             state.error = _why(e)
             if state.unlowerable is None:
@@ -662,6 +664,10 @@ SPLIT_BELOW = 0.25
 # cannot win back (and the many small problems a search meets need not price it)
 SPLIT_LAUNCHES = 10
 
+# a state's grid of at least this many points drops its arrays once evaluated (Grid.slim):
+# a transformer block's grid holds millions of points, ~150 MB a state
+SLIM_POINTS = 1 << 16
+
 
 def leaves_sms_idle(state, hw, best_s: float = math.inf) -> bool:
     """Whether some kernel of ``state``'s program, at its best tiles, launches fewer blocks
@@ -669,12 +675,15 @@ def leaves_sms_idle(state, hw, best_s: float = math.inf) -> bool:
     program longer than :data:`SPLIT_LAUNCHES` launches, that a split could make faster than
     ``best_s`` (the best time found): filling the SMs divides its time by at most
     SMs ÷ blocks."""
+    from napkin.cost.launch import Launches, modelled
     sms = getattr(hw, "sms", None)
-    launches = state.grid.launches if state.grid is not None else None
-    if not sms or not state.feasible or launches is None or state.best_point is None \
+    grid = state.grid
+    if not sms or not state.feasible or grid is None or not modelled(grid.c.hardware) \
+            or state.best_point is None \
             or state.time_s < SPLIT_LAUNCHES * getattr(hw, "launch_s", 0.0):
         return False
-    fewest = min((k["blocks"] for k in launches.at(state.best_point)), default=sms)
+    fewest = min((k.at(0)["blocks"] for k in Launches.point(grid, state.best_point)),
+                 default=sms)
     return fewest < SPLIT_BELOW * sms and state.time_s * fewest / sms < best_s
 
 
