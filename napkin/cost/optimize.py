@@ -318,7 +318,7 @@ class Grid:
         self.axis_of = {t: np.asarray(self.cands[t.name], dtype=float).reshape(
             [-1 if k == j else 1 for k in range(len(free))]) for j, t in enumerate(free)}
         self.n = math.prod(self.shape)
-        self._memory()
+        self.mem  # noqa: B018 - worked out now: it sets mem_least, which a search reads
 
     # The arrays over the whole grid (the memory peaks and everything below) are worked out
     # on first use and dropped by :meth:`slim`; what a search keeps of a state is its best
@@ -332,9 +332,11 @@ class Grid:
                 nested &= self.axis_of[t] <= self._ev(c.tiles[t].full)
         return nested.reshape(-1)
 
-    def _memory(self):
+    @functools.cached_property
+    def mem(self) -> dict:
         """Each level's peak: the largest of its candidate peaks; of each candidate only its
-        least is kept (a search reads those: how far a program is from fitting)."""
+        least is kept (``mem_least``: a search reads those, how far a program is from
+        fitting)."""
         mem, self.mem_least = {}, {}
         for lv in self.c.levels[1:]:
             peak, least = np.zeros(self.n), []
@@ -343,12 +345,7 @@ class Grid:
                 np.maximum(peak, at, out=peak)
                 least.append(float(at.min()))
             mem[lv], self.mem_least[lv] = peak, least
-        self.__dict__["mem"], self.__dict__["memsum"] = mem, sum(mem.values())
         return mem
-
-    @functools.cached_property
-    def mem(self) -> dict:
-        return self._memory()
 
     @functools.cached_property
     def memsum(self) -> np.ndarray:

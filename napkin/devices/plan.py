@@ -350,10 +350,11 @@ def candidates(diagram, whole, sizes: dict, n: int) -> list:
                     out.append(Strategy("ring", k, shard=a, stream=x, zigzag=True))
     # a 2-D mesh: a ring or gather on part of the devices, within each block of another woven
     # axis (heads) cut over the rest
-    for s in [s for s in out if s.kind in ("ring", "gather") and s.devices < n]:
+    for s in [s for s in out if s.kind in ("ring", "gather") and s.devices < n
+              and n % s.devices == 0]:
         k = n // s.devices
         out += [dataclasses.replace(s, outer=((a, k),)) for a in woven
-                if a not in (s.shard, s.stream) and sizes[a] >= k and n % s.devices == 0]
+                if a not in (s.shard, s.stream) and sizes[a] >= k]
     return out
 
 

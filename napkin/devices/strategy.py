@@ -3,6 +3,7 @@ array is laid out under it (shared by the pricing, napkin.devices.plan, and the 
 napkin.devices.spmd)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from napkin.core.errors import NapkinError
@@ -38,17 +39,14 @@ class Strategy:
         return f"gather over {self.devices} devices: {self.stream} cut, partial states merged"
 
     @property
-    def total(self) -> int:
-        """Every device the strategy runs on: its own axis's times the outer axes'."""
-        n = self.devices
-        for _, k in self.outer:
-            n *= k
-        return n
-
-    @property
     def mesh(self) -> tuple:
         """The mesh's shape: the outer axes' device counts, then the strategy's own."""
         return (*(k for _, k in self.outer), self.devices)
+
+    @property
+    def total(self) -> int:
+        """Every device the strategy runs on."""
+        return math.prod(self.mesh)
 
     def mesh_text(self) -> str:
         return " × ".join(map(str, self.mesh))

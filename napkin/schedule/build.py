@@ -32,7 +32,6 @@ _SUFFIX = {"smem": "_blk", "registers": "_reg", "l2": "_l2"}
 _KERNELS = IdentityMemo(20000)  # a kernel's own nest, shared by every program that holds it
 
 
-
 @functools.lru_cache(maxsize=4096)
 def _multiply_and_sum_values(m, n, k, batch, least):
     """The registers of a contraction written as multiply-and-sum at these extents (sympy
@@ -41,6 +40,7 @@ def _multiply_and_sum_values(m, n, k, batch, least):
     return sympy.Piecewise((m * n * k * batch, sympy.Or(sympy.Lt(sympy.Min(m, n, k), least),
                                                         sympy.Gt(batch, 1))),
                            (0, True))
+
 
 class ScheduleError(NapkinError):
     """A program cannot be scheduled on a profile (one-line message)."""
