@@ -21,6 +21,11 @@ the box is elementwise): checked on a backward's scores S = Q·Kᵀ read by a ro
 statistic and by exp(S − L) — a copy per reader on the very input wires, identical
 symbolic entries, bit-identical float64 — and its premises (an elementwise box is
 ``recompute``'s; a product read once) are refused.
+
+``recompute_wide`` is the same rewrite at an elementwise box that reads two arrays as large
+as its value (a residual x + o read by a norm's statistic and by the product it scales),
+which ``recompute`` leaves to the search: checked the same way on that residual, and the
+eager rule is checked not to propose it (the search's alone).
 """
 from __future__ import annotations
 
@@ -149,6 +154,7 @@ def prove():
     proof.check("premises enforced: a value read once, a reduction, a site of two boxes",
                 premises, "premise")
     _products(proof)
+    _wide(proof)
     return proof.result()
 
 
@@ -188,3 +194,39 @@ def _products(proof):
             refuses(lambda: rule.check(R, Site((), (0,)), {}), "read once")])
     proof.check("recompute_product's premises: an elementwise box, a product read once",
                 premises, "premise")
+
+
+def _wide(proof):
+    """recompute_wide's obligations, on a pre-norm residual read by the norm and the GEMM."""
+    import napkin as nk
+    from napkin.core.ir import ops as op_order, view
+    from napkin.core.region import Site
+    from napkin.frontend import ops
+    from rewrites import RULES
+    t, e, f = nk.axes("t e f")
+
+    def residual(X, O, W):
+        h = ops.add(X, O)
+        r = ops.rsqrt(ops.add_const(ops.mean(ops.square(h), e), 1e-6))
+        return ops.contract(ops.mul(h, r), W, out=(t, f))
+    D = nk.trace(residual, {"X": (t, e), "O": (t, e), "W": (e, f)}, "x + o read twice")
+    at = _site_of(D, "add")
+    rule = RULES["recompute_wide"]
+
+    def structure():
+        R = rule.apply(D, Site((), (at,)), {})
+        g0, g = view(D), view(R)
+        box = g0.nodes[op_order(g0)[at]]["box"]
+        copies = [m for m in op_order(g) if g.nodes[m]["box"] is box]
+        if len(copies) != 2 or len({tuple(g.nodes[m]["ins"]) for m in copies}) != 1:
+            raise Failed(f"{len(copies)} copies of {box.name}, not one per reader on the same "
+                         f"wires")
+        _symbolic_equal(D, R, {"t": 2, "e": 2, "f": 2})
+        xs = sample(D, {"t": 5, "e": 7, "f": 3}, np.random.default_rng(23))
+        eager = [site.ops for site, _ in RULES[RULE].candidates(D)]
+        if (at,) in eager or (at,) not in [site.ops for site, _ in rule.candidates(D)]:
+            raise Failed("the eager recompute proposes x + o, or recompute_wide does not")
+        return (f"x + o: 2 copies on the same wires; symbolic entries equal; left to the "
+                f"search; {numeric(D, R, xs, tol=0)}")
+    proof.check("recompute_wide: a residual read twice, one copy per reader, same meaning",
+                structure, "numeric")

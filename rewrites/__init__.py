@@ -10,7 +10,7 @@ from rewrites.group_partition import GroupPartition
 from rewrites.head_grouping import HeadGrouping
 from rewrites.normalized_contraction import NormalizedContraction
 from rewrites.recognize import Recognize
-from rewrites.recompute import Recompute, RecomputeProduct
+from rewrites.recompute import Recompute, RecomputeProduct, RecomputeWide
 from rewrites.relabel_level import RelabelLevel
 from rewrites.softmax_lse import SoftmaxLse
 from rewrites.split_stream import SplitStream
@@ -18,7 +18,7 @@ from rewrites.stream_partition import StreamPartition
 
 RULES: dict[str, Rule] = {r.name: r for r in (
     GroupPartition(), StreamPartition(), NormalizedContraction(), HeadGrouping(), RelabelLevel(),
-    Recognize(), Recompute(), RecomputeProduct(), SoftmaxLse(), SplitStream())}
+    Recognize(), Recompute(), RecomputeProduct(), RecomputeWide(), SoftmaxLse(), SplitStream())}
 
 
 def get_rule(name: str) -> Rule:

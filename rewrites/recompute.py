@@ -10,7 +10,11 @@ deterministic box commutes with the copy of a Markov category).
 Why: LayerNorm's x − μ is read by the variance and by the normalisation; the variance
 streams over d only with a copy of its own (its region would otherwise hand x − μ, which
 keeps d, out of the stream).  FlashAttention recomputes P in its backward the same way:
-recomputing an elementwise value is cheaper than storing it.  Applied eagerly.
+recomputing an elementwise value is cheaper than storing it.  Applied eagerly — except to
+a box that reads two or more arrays as large as its value (a residual x + o): a copy per
+reader then reads more than the value itself, each time a reader reads it (per column tile
+of the projection it feeds), and one value written once can be cheaper; that recompute
+(``recompute_wide``) the search chooses on the cost model.
 
 ``recompute_product`` is the same rewrite at a contraction (a matrix product): the scores
 S = Q·Kᵀ that a backward pass reads for its row statistics and again for P = exp(S − L)
@@ -57,12 +61,29 @@ def _reaches_reduction(g, n) -> bool:
     return False
 
 
+def wide(graph, n) -> bool:
+    """Whether op ``n`` reads two or more arrays carrying every axis of its value that a
+    kernel reads from memory or makes with the tensor cores — the program's inputs, a
+    product's results (a residual x + o) — so that a copy per reader reads or recomputes
+    more than the value itself.  (A backward's dS = P ⊙ (dP − D) reads values recomputed
+    elementwise in the kernels that read it: copied eagerly, as before.)"""
+    (v,) = graph.nodes[n]["outs"]
+    axes = set(graph.nodes[v]["ob"].type.names)
+
+    def heavy(u) -> bool:
+        maker = next(iter(graph.predecessors(u)), None)
+        return maker is None or graph.nodes[maker]["box"].spec.kind == "contract"
+    return sum(axes <= set(graph.nodes[u]["ob"].type.names) and heavy(u)
+               for u in graph.nodes[n]["ins"]) >= 2
+
+
 class Recompute(Rule):
     name = "recompute"
     eager = True
     summary = "an elementwise value several boxes read: computed once per reader"
     proof = "proofs.recompute"
     what = "an elementwise box"  # the boxes it recomputes, in words
+    offers_wide = False  # proposes the boxes that read several arrays as large as their value
 
     def recomputes(self, spec) -> bool:
         return bool(getattr(spec, "elementwise", False)) and spec.kind not in ("group", "stream")
@@ -120,8 +141,16 @@ class Recompute(Rule):
             reads = readers(g, n)
             if len(reads) < 2:
                 continue
-            if _reaches_reduction(g, n):
+            if wide(g, n) == self.offers_wide and _reaches_reduction(g, n):
                 yield Site(tuple(path), (i,)), {}
+
+
+class RecomputeWide(Recompute):
+    name = "recompute_wide"
+    eager = False  # a copy that reads more than the value: the cost model decides
+    summary = ("an elementwise value read by several boxes that reads two or more arrays as "
+               "large as itself (a residual add): computed once per reader (the search decides)")
+    offers_wide = True
 
 
 class RecomputeProduct(Recompute):
