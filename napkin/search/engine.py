@@ -534,14 +534,15 @@ def _collector_paused():
 PIECES_SHARE = 0.5
 
 
-def in_pieces(start, ev, max_states: int, seconds: float):
+def in_pieces(start, ev, max_states: int, seconds: float, patience: int | None = None):
     """napkin.search.pieces.searched_in_pieces with this engine's search, completion and moves:
-    (program, chain), or None for a small program."""
+    (program, chain), or None for a small program.  ``patience`` stops a piece's search too
+    (a piece that has its answer leaves its time to the pieces after it)."""
     from napkin.search.pieces import searched_in_pieces
     return searched_in_pieces(
         start, ev, max_states, seconds, apply=apply_move, complete=each_box_partitioned,
-        search=lambda sub, states, secs, since: _best_first([sub], ev, states, secs, since,
-                                                            algorithm=sub).best)
+        search=lambda sub, states, secs, since: _best_first(
+            [sub], ev, states, secs, since, algorithm=sub, patience=patience).best)
 
 
 def _search(diagram, hardware, sizes, dtype, max_states, max_seconds, objective, keep, levels,
@@ -551,7 +552,7 @@ def _search(diagram, hardware, sizes, dtype, max_states, max_seconds, objective,
     two = Evaluator(hardware, sizes or {}, dtype, objective, "two")
     # a program of many boxes: its pieces searched first, their chains replayed on it (a
     # runnable program early); the search then starts from that program and the algorithm
-    pieced = in_pieces(start, two, max_states, PIECES_SHARE * max_seconds)
+    pieced = in_pieces(start, two, max_states, PIECES_SHARE * max_seconds, patience)
     # (every top-level box of the pieced program is a kernel: the search refines those;
     # from the algorithm itself, a program that large has more first moves than it can try)
     roots = [start] if pieced is None else [pieced, _each_box(start, two)]

@@ -2,10 +2,13 @@
 attention, output projection, norm, MLP).
 
 Kernels of a program cost independently once the values between them are in HBM, so a
-program of many boxes is cut into convex pieces of at most :data:`MOST` boxes where the
-least data crosses (:func:`cuts` joins boxes along their values, the largest first: the
-attention scores' |h|·|t|² stay inside a piece, a residual's |t|·|e| is cut), and each
-piece is searched as a diagram of its own, in a share of the time.  Each run's best chain is then replayed on the whole program —
+program of many boxes is cut into convex pieces of at most :data:`MOST` boxes that reduce
+or contract where the least data crosses (:func:`cuts`: elementwise boxes ride with the
+products that read them or that they finish — a norm's scaling is its GEMM's prologue, a
+residual add the output projection's epilogue —, then boxes are joined along their
+values, the largest first: the attention scores' |h|·|t|² stay inside a piece, a
+residual's |t|·|e| is cut), and each piece is searched as a diagram of its own, in a share
+of the time.  Each run's best chain is then replayed on the whole program —
 its sites translated box by box (a rule leaves the boxes outside its site as they were, so
 a run's boxes are followed through its moves by identity) — so the result is one chain of
 rule applications on the whole algorithm, a certificate like any other.  Boxes a piece left
@@ -28,42 +31,75 @@ from napkin.core.region import Site, region, region_diagram
 # programs with more top-level boxes than this are searched in pieces first (a four-layer
 # stack has 32, the transformer block 41; attention's backward diagrams stay below)
 ABOVE = 30
-# the most boxes of one piece: attention's scores, mask, softmax and product (5) — a piece
-# as large as attention with its projections (9) is not searched through in a few seconds
-MOST = 5
+# the most boxes of one piece that reduce or contract (attention's two products and its
+# softmax): elementwise boxes ride along as the prologues and epilogues of those, uncounted
+# up to ALONG boxes in all — a piece with a fourth product (attention with its projections)
+# is not searched through in a few seconds
+MOST = 3
+ALONG = 16
 # the most states a piece's search costs (attention's answer is reached in well under 100)
 STATES = 300
 
 
 def cuts(program, ev) -> list[list[int]]:
     """The top-level op indices of ``program`` in convex pieces of at most :data:`MOST`
-    boxes: boxes are joined along the values between them, the largest value first (a
-    piece's inside stays on chip; what crosses between pieces goes through HBM), while the
-    piece stays small enough and convex."""
-    from napkin.core.errors import RuleError
+    boxes that reduce (and :data:`ALONG` in all).  An elementwise box first joins its only
+    reader (a norm's scaling, a residual add recomputed per reader: the prologue of the
+    product that reads it); an elementwise run read by several pieces, or by none, joins the
+    piece that makes its inputs (an epilogue).  Then pieces are joined along the values
+    between them, the largest value first (a piece's inside stays on chip; what crosses
+    between pieces goes through HBM), while the piece stays small enough and convex."""
     g = view(program)
     order = op_order(g)
     pos = {n: i for i, n in enumerate(order)}
+    readers = [{pos[c] for v in g.nodes[n]["outs"] for c in g.successors(v)} for n in order]
+    makers = [{pos[m] for v in g.nodes[n]["ins"] for m in g.predecessors(v)} for n in order]
+    light = [bool(getattr(g.nodes[n]["box"].spec, "elementwise", False)) for n in order]
+    outputs = set(g.graph["outputs"])
+    piece = {i: frozenset([i]) for i in range(len(order))}
+
+    def join(i, j) -> bool:
+        merged = piece[i] | piece[j]
+        if piece[i] is piece[j] or sum(not light[k] for k in merged) > MOST \
+                or len(merged) > ALONG or not _convex(g, merged):
+            return False
+        for k in merged:
+            piece[k] = merged
+        return True
+
+    for i in reversed(range(len(order))):  # prologues: a chain joins its one reader
+        if light[i] and len(readers[i]) == 1 and not outputs & set(g.nodes[order[i]]["outs"]):
+            join(i, next(iter(readers[i])))
+    for p in {id(p): p for p in piece.values()}.values():  # epilogues: a light run read by
+        # several pieces (or none) joins a piece that makes its inputs, the largest first
+        if all(light[k] for k in p):
+            made = {m for k in p for m in makers[k]} - p
+            for m in sorted(made, key=lambda m: -_bytes(g, order[m], ev)):
+                if join(min(p), m):
+                    break
     edges = []
     for i, node in enumerate(order):
         for v in g.nodes[node]["outs"]:
-            ob = g.nodes[v]["ob"]
-            nbytes = ev.nbytes(ob)
+            nbytes = ev.nbytes(g.nodes[v]["ob"])
             edges += [(-nbytes, i, pos[c]) for c in g.successors(v)]
-    piece = {i: frozenset([i]) for i in range(len(order))}
     for _, i, j in sorted(edges):
-        if piece[i] is piece[j]:
-            continue
-        merged = piece[i] | piece[j]
-        if len(merged) > MOST:
-            continue
-        try:
-            region(g, sorted(merged))  # convex: nothing outside runs between its boxes
-        except RuleError:
-            continue
-        for k in merged:
-            piece[k] = merged
+        join(i, j)
     return sorted((sorted(p) for p in set(piece.values())), key=lambda p: p[0])
+
+
+def _convex(g, nodes) -> bool:
+    """Whether nothing outside the top-level ops ``nodes`` runs between two of them."""
+    from napkin.core.errors import RuleError
+    try:
+        region(g, sorted(nodes))
+        return True
+    except RuleError:
+        return False
+
+
+def _bytes(g, node, ev) -> int:
+    """The bytes op ``node`` writes."""
+    return sum(ev.nbytes(g.nodes[v]["ob"]) for v in g.nodes[node]["outs"])
 
 
 def searched_in_pieces(start, ev, max_states: int, seconds: float, *, search, complete,
@@ -128,13 +164,17 @@ def _replay(program, sub, boxes, moves, apply):
     for mv in moves:
         s_top, f_top = _top(sub), _top(program)
         # rules memoise boxes by content, so one object may stand at several positions (the
-        # K and V projections of one x; a residual x + o read four times): the k-th place of
-        # an object in the piece is the k-th place of its counterpart in the program (the
-        # pieces replay in the start's order, an earlier copy's boxes first)
-        at_s, at_f = _places(s_top), _places(f_top)
+        # K and V projections of one x; a residual x + o read four times): the piece's k-th
+        # box standing for a program object is that object's k-th place in the program (the
+        # pieces replay in the start's order, an earlier copy's boxes first) — counted over
+        # the counterparts: the piece's diagram may hold two objects where the program holds
+        # one (counted over the piece's own objects, K's chain landed on V's norm and the
+        # whole K/V piece was refused)
+        at_f = _places(f_top)
         touched = mv.site.path[:1] or mv.site.ops
         try:
-            at = [at_f[id(corr[id(s_top[i])])][at_s[id(s_top[i])].index(i)] for i in touched]
+            mine = [corr[id(b)] for b in s_top]
+            at = [at_f[id(mine[i])][sum(m is mine[i] for m in mine[:i])] for i in touched]
         except (KeyError, IndexError):
             return original, []  # a box of the piece no longer at the top
         site = Site((at[0], *mv.site.path[1:]), mv.site.ops) if mv.site.path \
