@@ -76,7 +76,9 @@ def lower_distributed(d, *, backend="auto", interpret="auto", dtype=None, deriva
         body = lambda *xs: kernel(*xs, *bases(0))  # noqa: E731
         out_specs = tuple(partition_spec(t, layout(s, t), s.outer) for t in outs)
     else:
-        parts, merge_box, finalize, merge, fixed = _split(p, backend, interpret, dtype)
+        parts, merge_box, finalize, merge, fixed, made = _split(p, backend, interpret, dtype)
+        order = _order(made, d.algorithm, s)  # the merged stream's outputs need not be in
+        # the algorithm's order (a forward that also saves L)
         if s.kind == "gather":  # the merge folds every device's parts: the whole axis's
             import sympy
             merge_box = merge_box.bound({sympy.Symbol(s.stream, integer=True, positive=True):
@@ -85,8 +87,10 @@ def lower_distributed(d, *, backend="auto", interpret="auto", dtype=None, deriva
             out_specs = tuple(partition_spec(t, None, s.outer) for t in outs)
         else:
             body = _ring((parts, merge, finalize, fixed), array_types(p.local.algorithm.dom),
-                         outs, local_names, s, bases)
+                         [outs[order.index(j)] for j in range(len(made))], local_names, s,
+                         bases)
             out_specs = tuple(partition_spec(t, layout(s, t), s.outer) for t in outs)
+        body = _in_order(body, order)
     one = len(outs) == 1
     f = jax.shard_map(body if not one else (lambda *xs: _tupled(body(*xs))), mesh=mesh,
                       in_specs=in_specs, out_specs=out_specs, check_vma=False)
@@ -249,7 +253,28 @@ def _split(p, backend, interpret, dtype):
     (_, stream), _ = mergeable_stream(opt.sequential.program if opt.sequential else opt.program)
     spec = stream.spec
     fixed = [ob.name for ob in stream.dom.inside if not ob.type.has(spec.axis)]
-    return kernels[0], kernels[1], evaluate(spec.finalize), evaluate(spec.merge), fixed
+    made = [ob.name for ob in stream.cod.inside]  # the stream's outputs, in its own order
+    if [ob.name for ob in second.cod.inside] != made:
+        raise NapkinError(f"{p.strategy}: the split program's merge writes "
+                          f"{[ob.name for ob in second.cod.inside]}, its stream {made}")
+    return kernels[0], kernels[1], evaluate(spec.finalize), evaluate(spec.merge), fixed, made
+
+
+def _order(made: list, algorithm, s) -> list:
+    """Where each of the algorithm's outputs is among ``made`` (the merged stream's outputs,
+    in the stream's order — a program's outputs need not be: a forward that also saves L)."""
+    want = [ob.name for ob in algorithm.cod.inside]
+    if sorted(want) != sorted(made):
+        raise NapkinError(f"{s}: the per-device stream writes {', '.join(made)} but the "
+                          f"algorithm returns {', '.join(want)}")
+    return [made.index(n) for n in want]
+
+
+def _in_order(body, order: list):
+    """``body`` with its outputs taken in ``order`` (positions among its own)."""
+    if order == list(range(len(order))):
+        return body
+    return lambda *xs: tuple(_tupled(body(*xs))[i] for i in order)
 
 
 def _gather(parts, merge_box, names, s, bases):
