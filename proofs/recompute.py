@@ -22,8 +22,8 @@ statistic and by exp(S − L) — a copy per reader on the very input wires, ide
 symbolic entries, bit-identical float64 — and its premises (an elementwise box is
 ``recompute``'s; a product read once) are refused.
 
-``recompute_wide`` is the same rewrite at an elementwise box that reads two arrays as large
-as its value (a residual x + o read by a norm's statistic and by the product it scales),
+``recompute_wide`` is the same rewrite at an elementwise box that reads two inputs or
+products as large as its value (a residual x + o read by a norm's statistic and by the product it scales),
 which ``recompute`` leaves to the search: checked the same way on that residual, and the
 eager rule is checked not to propose it (the search's alone).
 """
@@ -158,10 +158,24 @@ def prove():
     return proof.result()
 
 
+def _copied_alike(D, R, at, sym_sizes: dict, num_sizes: dict, seed: int) -> str:
+    """That ``R`` is ``D`` with its box at ``at`` copied once per reader (two readers), each
+    copy on the original's wires, and means the same: on symbolic entries, then in float64
+    bit for bit (the numeric comparison's words)."""
+    from napkin.core.ir import ops as op_order, view
+    g0, g = view(D), view(R)
+    box = g0.nodes[op_order(g0)[at]]["box"]
+    copies = [m for m in op_order(g) if g.nodes[m]["box"] is box]
+    if len(copies) != 2 or len({tuple(g.nodes[m]["ins"]) for m in copies}) != 1:
+        raise Failed(f"{len(copies)} copies of {box.name}, not one per reader on the same "
+                     f"wires")
+    _symbolic_equal(D, R, sym_sizes)
+    return numeric(D, R, sample(D, num_sizes, np.random.default_rng(seed)), tol=0)
+
+
 def _products(proof):
     """recompute_product's obligations, on the scores a backward pass reads twice."""
     import napkin as nk
-    from napkin.core.ir import ops as op_order, view
     from napkin.core.region import Site
     from napkin.frontend import ops
     from rewrites import RULES
@@ -176,15 +190,8 @@ def _products(proof):
     R = rule.apply(D, Site((), (0,)), {})
 
     def structure():
-        g0, g = view(D), view(R)
-        box = g0.nodes[op_order(g0)[0]]["box"]
-        copies = [m for m in op_order(g) if g.nodes[m]["box"] is box]
-        if len(copies) != 2 or len({tuple(g.nodes[m]["ins"]) for m in copies}) != 1:
-            raise Failed(f"{len(copies)} copies of {box.name}, not one per reader on the same "
-                         f"wires")
-        _symbolic_equal(D, R, {"q": 2, "x": 3, "d": 2})
-        xs = sample(D, {"q": 5, "x": 7, "d": 3}, np.random.default_rng(22))
-        return f"Q·Kᵀ: 2 copies on the same wires; symbolic entries equal; {numeric(D, R, xs, tol=0)}"
+        same = _copied_alike(D, R, 0, {"q": 2, "x": 3, "d": 2}, {"q": 5, "x": 7, "d": 3}, 22)
+        return f"Q·Kᵀ: 2 copies on the same wires; symbolic entries equal; {same}"
     proof.check("recompute_product: a product read twice, one copy per reader, same meaning",
                 structure, "numeric")
 
@@ -199,7 +206,6 @@ def _products(proof):
 def _wide(proof):
     """recompute_wide's obligations, on a pre-norm residual read by the norm and the GEMM."""
     import napkin as nk
-    from napkin.core.ir import ops as op_order, view
     from napkin.core.region import Site
     from napkin.frontend import ops
     from rewrites import RULES
@@ -215,18 +221,11 @@ def _wide(proof):
 
     def structure():
         R = rule.apply(D, Site((), (at,)), {})
-        g0, g = view(D), view(R)
-        box = g0.nodes[op_order(g0)[at]]["box"]
-        copies = [m for m in op_order(g) if g.nodes[m]["box"] is box]
-        if len(copies) != 2 or len({tuple(g.nodes[m]["ins"]) for m in copies}) != 1:
-            raise Failed(f"{len(copies)} copies of {box.name}, not one per reader on the same "
-                         f"wires")
-        _symbolic_equal(D, R, {"t": 2, "e": 2, "f": 2})
-        xs = sample(D, {"t": 5, "e": 7, "f": 3}, np.random.default_rng(23))
+        same = _copied_alike(D, R, at, {"t": 2, "e": 2, "f": 2}, {"t": 5, "e": 7, "f": 3}, 23)
         eager = [site.ops for site, _ in RULES[RULE].candidates(D)]
         if (at,) in eager or (at,) not in [site.ops for site, _ in rule.candidates(D)]:
             raise Failed("the eager recompute proposes x + o, or recompute_wide does not")
         return (f"x + o: 2 copies on the same wires; symbolic entries equal; left to the "
-                f"search; {numeric(D, R, xs, tol=0)}")
+                f"search; {same}")
     proof.check("recompute_wide: a residual read twice, one copy per reader, same meaning",
                 structure, "numeric")

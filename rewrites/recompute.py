@@ -11,10 +11,11 @@ Why: LayerNorm's x − μ is read by the variance and by the normalisation; the 
 streams over d only with a copy of its own (its region would otherwise hand x − μ, which
 keeps d, out of the stream).  FlashAttention recomputes P in its backward the same way:
 recomputing an elementwise value is cheaper than storing it.  Applied eagerly — except to
-a box that reads two or more arrays as large as its value (a residual x + o): a copy per
-reader then reads more than the value itself, each time a reader reads it (per column tile
-of the projection it feeds), and one value written once can be cheaper; that recompute
-(``recompute_wide``) the search chooses on the cost model.
+a box that reads two or more arrays as large as its value that are the program's inputs or
+products' results (a residual x + o, :func:`wide`): a copy per reader then reads more than
+the value itself, each time a reader reads it (per column tile of the projection it feeds),
+and one value written once can be cheaper; that recompute (``recompute_wide``) the search
+chooses on the cost model.
 
 ``recompute_product`` is the same rewrite at a contraction (a matrix product): the scores
 S = Q·Kᵀ that a backward pass reads for its row statistics and again for P = exp(S − L)
@@ -83,7 +84,7 @@ class Recompute(Rule):
     summary = "an elementwise value several boxes read: computed once per reader"
     proof = "proofs.recompute"
     what = "an elementwise box"  # the boxes it recomputes, in words
-    offers_wide = False  # proposes the boxes that read several arrays as large as their value
+    offers_wide = False  # proposes the wide boxes (:func:`wide`), and only those
 
     def recomputes(self, spec) -> bool:
         return bool(getattr(spec, "elementwise", False)) and spec.kind not in ("group", "stream")
@@ -148,8 +149,9 @@ class Recompute(Rule):
 class RecomputeWide(Recompute):
     name = "recompute_wide"
     eager = False  # a copy that reads more than the value: the cost model decides
-    summary = ("an elementwise value read by several boxes that reads two or more arrays as "
-               "large as itself (a residual add): computed once per reader (the search decides)")
+    summary = ("an elementwise value read by several boxes that reads two or more inputs or "
+               "products as large as itself (a residual add): computed once per reader (the "
+               "search decides)")
     offers_wide = True
 
 
