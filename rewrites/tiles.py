@@ -15,23 +15,8 @@ from __future__ import annotations
 import sympy
 
 from napkin.core.errors import RuleError
-from napkin.core.streamed import TileUse, names, tile_of
+from napkin.core.streamed import TileUse, names, tile_of, tiles_within
 from rewrites.base import size_param
-
-
-def tiles_within(boxes) -> set[TileUse]:
-    """The tiles of every partition in ``boxes`` or nested inside them."""
-    found = set()
-    for box in boxes:
-        spec = getattr(box, "spec", None)
-        if spec is None:
-            continue
-        tile = tile_of(spec)
-        if tile is not None:
-            found.add(tile)
-        for body in getattr(spec, "bodies", ()):
-            found |= tiles_within(body.boxes)
-    return found
 
 
 def tiles_around(program, path) -> set[TileUse]:

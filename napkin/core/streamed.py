@@ -412,6 +412,21 @@ def tile_of(spec) -> TileUse | None:
     return None
 
 
+def tiles_within(boxes) -> set[TileUse]:
+    """The tiles of every partition in ``boxes`` or nested inside them."""
+    found = set()
+    for box in boxes:
+        spec = getattr(box, "spec", None)
+        if spec is None:
+            continue
+        tile = tile_of(spec)
+        if tile is not None:
+            found.add(tile)
+        for body in getattr(spec, "bodies", ()):
+            found |= tiles_within(body.boxes)
+    return found
+
+
 def tile_symbol(kind: str, axis: str) -> sympy.Symbol:
     """The conventional tile-size symbol: g_q for groups, s_x for streams."""
     return sympy.Symbol(f"{kind}_{axis}", integer=True, positive=True)
