@@ -150,7 +150,8 @@ class Optimized:
         at its own best tiles (those this one shares kept); None for a program not split.
         A backend that writes no split runs it (Mosaic GPU)."""
         best = self.search.best
-        if not best.chain or best.chain[-1].rule != "split_stream" or best.parent is None:
+        moves = [m for m in best.chain if m.rule != "untie_tiles"]  # (names, not structure)
+        if not moves or moves[-1].rule != "split_stream" or best.parent is None:
             return None
         from napkin.lower.backends import get_backend
         parent = best.parent

@@ -281,7 +281,7 @@ def test_the_plots_tile_panel_is_about_the_chosen_tiles(tmp_path, monkeypatch):
     # the right panel once drew the s_x curve at the transfer optimum (g_q = 256) while the
     # table chose g_q = 64, called every point of it "exceeds capacity", and marked no choice
     import matplotlib.figure
-    from napkin.cost.optimize import Grid
+    from napkin.cost.grid import Grid
     figs = []
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig",
                         lambda self, *a, **k: figs.append(self))
@@ -303,7 +303,7 @@ def test_a_grid_prices_each_point_as_value_at_does():
     """Grid works expressions out on each tile's own dimension and broadcasts: at random
     points, its traffic and memory agree with the expression evaluated at that point."""
     import numpy as np
-    from napkin.cost.optimize import Grid
+    from napkin.cost.grid import Grid
     from napkin.cost.model import value_at
     c = cost(program("attention", ATTENTION), H100_2, "bf16")
     sizes = {"q": 1000, "x": 3000, "d": 64}
@@ -333,12 +333,12 @@ def test_combined_folds_parts_into_the_ones_that_cover_them():
 def test_a_grid_beyond_its_points_is_thinned_and_still_priced_exactly(monkeypatch):
     """A grid larger than POINTS keeps every other candidate of its largest tiles (their
     least and largest kept); the tiling it chooses is one of those, priced as before."""
-    from napkin.cost import optimize
+    from napkin.cost import grid
     c = cost(program("attention", ATTENTION), H100_2, "bf16")
     sizes = {"q": 4096, "x": 4096, "d": 64}
-    whole = optimize.Grid(c, sizes)
-    monkeypatch.setattr(optimize, "POINTS", whole.n // 3)
-    thin = optimize.Grid(c, sizes)
+    whole = grid.Grid(c, sizes)
+    monkeypatch.setattr(grid, "POINTS", whole.n // 3)
+    thin = grid.Grid(c, sizes)
     assert thin.thinned and thin.n <= whole.n // 3
     for name, kept in thin.cands.items():
         assert set(kept) <= set(whole.cands[name])

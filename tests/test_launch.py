@@ -12,7 +12,8 @@ import pytest
 
 from napkin.cost import cost, value_at
 from napkin.cost.launch import Launches
-from napkin.cost.optimize import Grid, optimize_tiles
+from napkin.cost.grid import Grid
+from napkin.cost.optimize import optimize_tiles
 from napkin.core.errors import NapkinError
 from napkin.hardware import get_hardware, hardware_from_dict, load_toml
 from napkin.frontend.library import get

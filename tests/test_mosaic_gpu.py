@@ -174,8 +174,8 @@ def test_a_program_of_two_kernels_runs_as_two_mosaic_kernels():
     """The MLP (gelu(X·W1)·W2, the erf form) found at full scale is two kernels; both are
     Mosaic's, both export, and the pair matches the float64 reference in interpret mode."""
     r = napkin.optimize("mlp", hardware="h200", dtype="bf16")
-    k = lower(r.program, {"g_e": 128, "g_n": 128, "g_f": 128, "s_e": 64}, backend="mosaic",
-              dtype="bf16", schedule=r.schedule)
+    k = lower(r.program, {"g_e": 128, "g_n": 128, "g_n_2": 128, "g_f": 128, "s_e": 64},
+              backend="mosaic", dtype="bf16", schedule=r.schedule)
     sizes = {"n": 128, "d": 64, "e": 256, "f": 128}
     alg = get("mlp")
     xs = alg.sample(np.random.default_rng(1), sizes)
@@ -310,8 +310,8 @@ def test_a_mosaic_programs_module_runs_as_printed():
     """The one module a program of Mosaic kernels prints (napkin lower --emit) imports what
     its kernels use, holds their helpers once, and runs as the lowered program does."""
     r = napkin.optimize("mlp", hardware="h200", dtype="bf16")
-    k = lower(r.program, {"g_e": 128, "g_n": 128, "g_f": 128, "s_e": 64}, backend="mosaic",
-              dtype="bf16", schedule=r.schedule)
+    k = lower(r.program, {"g_e": 128, "g_n": 128, "g_n_2": 128, "g_f": 128, "s_e": 64},
+              backend="mosaic", dtype="bf16", schedule=r.schedule)
     alg = get("mlp")
     xs = [np.asarray(x, np.float32) for x in
           alg.sample(np.random.default_rng(2), {"n": 128, "d": 64, "e": 256, "f": 128})]

@@ -99,3 +99,15 @@ def test_the_pieces_chains_replay_on_the_whole_block_as_one_chain():
     for mv in chain:
         replayed = apply_move(replayed, mv)
     assert [b.name for b in pieces._top(replayed)] == [b.name for b in top]
+    # priced as the search prices it, each kernel's tiles its own (napkin.core.retile): the
+    # kernels' row tiles are not all one (one name per axis forced attention's on the MLP)
+    from napkin.core.retile import untied
+    from napkin.core.streamed import names
+    from napkin.search.engine import State
+    st = State("block", program, chain)
+    ev(st)
+    assert st.feasible
+    rows = [n for n, uses in names(untied(program)[0]).tiles.items()
+            if any((u.kind, u.axis) == ("group", "t") for u in uses)]
+    assert len(rows) >= 4 and len({st.tile_values[n] for n in rows}) >= 2, \
+        {n: st.tile_values[n] for n in rows}

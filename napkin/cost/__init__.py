@@ -82,16 +82,19 @@ from napkin.cost.bounds import (
     lower_bound, multilevel_time, multilevel_transfers, pooled_transfers, quantisation_factor,
     quantised,
 )
+from napkin.cost.grid import Grid, candidates
 from napkin.cost.model import Cost, CostError, TileInfo, bytes_per_value, cost, value_at
 from napkin.cost.optimize import (
-    M_SYM, Canonical, Grid, Tiles, canonical_form, candidates, optimize_tiles, optimum_curve,
+    M_SYM, Canonical, Tiles, canonical_form, optimize_tiles, optimum_curve,
 )
+from napkin.cost.separable import Parts, grid_for
 from napkin.cost.report import cost_json, plot_cost
 
 __all__ = [
     "Canonical", "Cost", "CostError", "Grid", "H800_CLUSTER_BYTES_PER_S",
-    "H800_GMEM_SMEM_BYTES_PER_S", "M_SYM", "TileInfo", "Tiles", "bytes_per_value",
+    "H800_GMEM_SMEM_BYTES_PER_S", "M_SYM", "Parts", "TileInfo", "Tiles", "bytes_per_value",
     "candidates", "canonical_form", "cost", "cost_json", "cross_transfer_saving", "crossover",
+    "grid_for",
     "lower_bound", "multilevel_time", "multilevel_transfers", "optimize_tiles", "optimum_curve",
     "plot_cost", "pooled_transfers", "quantisation_factor", "quantised", "value_at",
 ]

@@ -3,7 +3,7 @@
 The roofline (``Cost.time_s``) prices a program as if the whole chip worked on it at once,
 with unbounded on-chip memory.  A GPU runs each kernel as a grid of thread blocks, and this
 module prices that, per kernel (:func:`napkin.schedule.resources.kernels`) and per tile point
-of a :class:`napkin.cost.optimize.Grid`, for a profile whose ``register_budget`` is set:
+of a :class:`napkin.cost.grid.Grid`, for a profile whose ``register_budget`` is set:
 
 * **launch parameters** — warps per block: the fewest of ``warps_per_block`` whose threads
   hold the block's register-resident values within ``register_budget`` registers each,
@@ -33,7 +33,7 @@ import sympy
 
 from napkin.cost.model import combined, compute_times, evaluate_on, fold, value_at
 from napkin.core.memo import IdentityMemo
-from napkin.schedule.resources import block_level, kernels as kernel_resources
+from napkin.schedule.resources import block_level
 
 REGISTER_OVERHEAD = 32  # [EST] registers a thread spends on indices, addresses and loop state
 THREADS_PER_WARP = 32
@@ -79,7 +79,8 @@ class Launches:
     def __init__(self, grid):
         self.grid = grid
         c, shape = grid.c, grid.shape
-        self.resources = kernel_resources(c.schedule)
+        # (a view of one part of a program's cost holds that part's: napkin.cost.separable)
+        self.resources = c.kernels
         # worked out on the grid's shape, each kernel's arrays broadcast from the dimensions
         # of its own tiles (and summed at their shape first: kernels share tiles)
         # fits: within every budget; runs: within shared memory (registers spill, priced);
@@ -112,7 +113,7 @@ class Launches:
         """One kernel on the grid of the tiles it reads (memoised: the search meets the same
         kernel in state after state, each time in a program with other tiles), and the shape
         its arrays take to broadcast over ``grid`` (its tiles' dimensions; 1 elsewhere)."""
-        own = _symbols(k)
+        own = read_symbols(k)
         tiles = [j for j, t in enumerate(grid.free) if t in own]
         cands = tuple((grid.free[j], tuple(grid.cands[grid.free[j].name])) for j in tiles)
         sizes = tuple(sorted(grid.sizes.items()))
@@ -135,7 +136,7 @@ class Launches:
         the grid: what a slimmed grid still answers)."""
         env = {**grid.sizes, **grid.values(i)}
         ev = lambda e: np.array([value_at(e, env)])  # noqa: E731
-        return [cls._kernel(k, grid.c, ev, 1) for k in kernel_resources(grid.c.schedule)]
+        return [cls._kernel(k, grid.c, ev, 1) for k in grid.c.kernels]
 
     def at(self, i: int) -> list[dict]:
         """Each kernel's launch at point ``i``."""
@@ -222,7 +223,7 @@ _ON_GRID = IdentityMemo(20000)
 _SYMBOLS = IdentityMemo(20000)
 
 
-def _symbols(k) -> set:
+def read_symbols(k) -> set:
     """The size and tile symbols a kernel's launch reads."""
     def make():
         totals = fold(k.loop)

@@ -124,6 +124,12 @@ class Cost:
         return compute_times(self.flops_by_unit, self.hardware)
 
     @functools.cached_property
+    def kernels(self) -> list:
+        """Every kernel of the program (napkin.schedule.resources.kernels), found once."""
+        from napkin.schedule.resources import kernels
+        return kernels(self.schedule)
+
+    @functools.cached_property
     def time_s(self) -> dict:
         """Roofline: per level, bytes / bandwidth into it; compute = max over units (tensor
         cores, vector ALUs, SFU run concurrently); total = max of all (perfect overlap)."""

@@ -108,7 +108,8 @@ def plot_cost(program, hardware, sizes: Mapping, path, dtype=None, *, level: str
     import numpy as np
 
     from napkin.cost.bounds import lower_bound
-    from napkin.cost.optimize import M_SYM, Grid, reference_bytes, canonical_form
+    from napkin.cost.grid import Grid, reference_bytes
+    from napkin.cost.optimize import M_SYM, canonical_form
     from napkin.core.errors import NapkinError
 
     c = program if isinstance(program, Cost) else cost_of(program, hardware, dtype,

@@ -41,8 +41,10 @@ from napkin.search.canonical import canonical_hash, same_program
 from napkin.certify.certificate import fingerprint, render
 from napkin.core.errors import NapkinError
 from napkin.core.ir import ops as op_order, primitive_boxes, view
-from napkin.cost import Grid, cost, optimize_tiles, value_at
+from napkin.core.retile import untied
+from napkin.cost import cost, optimize_tiles, value_at
 from napkin.cost.model import bytes_per_value, compute_times, sym_subs
+from napkin.cost.separable import grid_for
 from napkin.hardware import DTYPE_BYTES, get_hardware
 from napkin.core.region import Site, body_at
 from rewrites import RULES
@@ -94,13 +96,13 @@ class State:
     pruned: float = 0.0           # not costed: nothing derived from it that a backend writes
                                   # beats this time (the best when it was reached)
     cost: object = None           # napkin.cost.Cost (symbolic)
-    grid: object = None           # napkin.cost.Grid (every tiling, evaluated)
+    grid: object = None           # napkin.cost.Grid or Parts (every tiling, evaluated)
     bytes: float = math.inf       # bytes moved at the main level, at the best tiles
     excess: tuple = (math.inf, math.inf)  # while it does not fit: (boxes' overflow,
                                           # kernels' smallest memory), summed
     bound_by: str = ""
     tile_values: dict = field(default_factory=dict)
-    best_point: int | None = None  # the grid point of those tiles
+    best_point: object = None     # the grid point of those tiles (Parts: a tuple)
     found_s: float = 0.0          # seconds into the search when it was reached
     parent: "State | None" = field(default=None, repr=False)  # the state it was first reached from
     via: Move | None = None       # ... by this move
@@ -330,23 +332,26 @@ class Evaluator:
         """Integer-optimal tiles and their time (the cheap part: one numpy grid)."""
         try:
             self.writability(state)
-            c = cost(state.program, self.hw, self.dtype)
-            grid = Grid(c, self.sizes)
+            # priced with each kernel's tiles its own (the chain the search reports ends
+            # with the move that names them so: rewrites.untie)
+            priced = untied(state.program)[0]
+            c = cost(priced, self.hw, self.dtype)
+            grid = grid_for(c, self.sizes, self.objective)
             best, feasible = grid.best(self.objective)
             state.cost, state.grid = c, grid
             state.feasible = feasible
             if feasible:  # (a program that does not fit has no time, nor traffic to price)
-                state.time_s = float(grid.time[best])
-                state.bytes = float(grid.Hb[best])
-                state.bound_by = grid.bound_by(best)
+                at = grid.summary(best)
+                state.time_s, state.bytes = at["time_s"], at["transfers_bytes"]
+                state.bound_by = at["bound_by"]
             state.tile_values = grid.values(best)
-            state.best_point = int(best)
+            state.best_point = best
             state.min_memory = grid.shortfall(launch=self.objective == "time")
             if not feasible:  # how far from fitting: every box's own arrays beyond the
                 # smallest capacity (each layer of a stack counts: the kernels' peaks alone
                 # are one per shape, blind to one layer fixed), then every kernel's need
                 launches = grid.launches if self.objective == "time" else None
-                state.excess = (self.overflow(state.program, {**self.sizes, **state.tile_values})
+                state.excess = (self.overflow(priced, {**self.sizes, **state.tile_values})
                                 + (launches.excess if launches is not None else 0.0),
                                 sum(m for least in grid.mem_least.values() for m in least))
             if grid.n >= SLIM_POINTS:  # kept: the best point and what the search reads
@@ -649,9 +654,22 @@ class _Run:
             if len(ranked) == keep:
                 break
         best._report = ev
+        for s in {id(s): s for s in (best, best.parent, *ranked) if s is not None}.values():
+            _untie(s)
         return SearchResult(diagram, best, ranked, self.states_seen, self.expanded,
                             time.perf_counter() - t0, self.limit, self.graph, self.bound,
                             self.refused, self.commuted, ev.hw, self.pruned, note, self.stopped)
+
+
+def _untie(state) -> None:
+    """Name ``state``'s program as it was priced (each kernel's tiles its own), its chain
+    ending with the move that does (rewrites.untie), once."""
+    if state.chain and state.chain[-1].rule == "untie_tiles":
+        return
+    program, renames = untied(state.program)
+    if renames:
+        state.program = program
+        state.chain = (*state.chain, Move("untie_tiles", Site((), ()), ()))
 
 
 # A split of a stream's parts over more blocks (split-K) is tried on a program whose kernel
