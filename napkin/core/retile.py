@@ -24,7 +24,7 @@ from napkin.core.memo import IdentityMemo
 from napkin.core.op import make_op
 from napkin.core.streamed import names, tiles_within
 
-_RENAMED = IdentityMemo(20000)
+_RENAMED, _BOXES = IdentityMemo(20000), IdentityMemo(20000)
 
 
 def renamed(diagram, mapping: dict):
@@ -57,11 +57,17 @@ def _renamed(diagram, mapping):
 
 
 def _box(box, dom, mapping):
-    """``box`` on the wires ``dom`` with the symbols renamed (``box`` where none occurs)."""
-    spec = _value(box.spec, mapping)
-    if spec is box.spec and dom == box.dom:
-        return box
-    return make_op(spec, dom, [ob.name for ob in box.cod.inside], box.name)
+    """``box`` on the wires ``dom`` with the symbols renamed (``box`` where none occurs);
+    memoised: the same kernel renamed alike in state after state is one object, so the
+    schedule's and the launch model's memos recognise it."""
+    key = (tuple(sorted((str(a), str(b)) for a, b in mapping.items())), dom)
+
+    def make():
+        spec = _value(box.spec, mapping)
+        if spec is box.spec and dom == box.dom:
+            return box
+        return make_op(spec, dom, [ob.name for ob in box.cod.inside], box.name)
+    return _BOXES.get((box,), make, key)
 
 
 def _ob(ob, mapping):

@@ -6,8 +6,8 @@ disjoint sets — an untied program (napkin.core.retile) gives every kernel its 
 tiling is each set's best, found on that set's own grid: a sum of small grids, not their
 product (a transformer block's twenty kernels over thirty tiles would be 10^20 points).
 
-A *part* is a set of tiles that some kernel, transfer or compute term, or nested tile's
-extent reads together (networkx's connected components); each part is a
+A *part* is a set of tiles that some kernel (its launch, and so its transfers and FLOPs) or
+a nested tile's extent reads together (networkx's connected components); each part is a
 :class:`napkin.cost.grid.Grid` over a view of the program's cost that holds that
 part's tiles, kernels and terms alone (terms no tile reads add a constant: they cannot
 move a part's best).  :class:`Parts` answers what a search and ``optimize_tiles`` ask of
@@ -54,15 +54,8 @@ def _parts(c, sizes) -> list:
     for t in free:
         link(sympy.sympify(c.tiles[t].full).free_symbols | {t})
     ks = c.kernels
-    for k in ks:
+    for k in ks:  # (every transfer and FLOP is some kernel's: its terms read its tiles)
         link(read_symbols(k))
-    for table in (c.transfers, c.transfers_bytes):
-        for e in table.values():
-            for term in _terms(e):
-                link(term.free_symbols)
-    for e in c.compute_times().values():
-        for term in _terms(sympy.expand(e)):
-            link(term.free_symbols)
     sets = sorted((sorted(s, key=free.index) for s in nx.connected_components(links)),
                   key=lambda s: free.index(s[0]))
     if len(sets) < 2:
@@ -81,19 +74,18 @@ class _View:
 
     def __init__(self, c, tiles, kernels, free):
         self.kernels = kernels
-        mine = set(tiles)
+        mine, free = set(tiles), set(free)
         self.tiles = {t: info for t, info in c.tiles.items() if t in mine}
         self.levels, self.main_level, self.hardware = c.levels, c.main_level, c.hardware
         self.schedule, self.dtype, self.program = c.schedule, c.dtype, c.program
 
-        def share(e):
-            return sympy.Add(*(t for t in _terms(e) if t.free_symbols & mine))
+        def share(e):  # the terms that read this part's tiles and no other's
+            return sympy.Add(*(t for t in _terms(e) if mine >= _reads(t, free) != set()))
         self.transfers = {lv: share(e) for lv, e in c.transfers.items()}
         self.transfers_bytes = {lv: share(e) for lv, e in c.transfers_bytes.items()}
-        self._compute = {u: share(sympy.expand(e)) for u, e in c.compute_times().items()}
-        free = set(free)
+        self._compute = {u: share(e) for u, e in c.compute_times().items()}
         self.memory_bytes_candidates = {
-            lv: [e for e in cands if _reads(e, free) and _reads(e, free) <= mine]
+            lv: [e for e in cands if mine >= _reads(e, free) != set()]
             for lv, cands in c.memory_bytes_candidates.items()}
 
     def compute_times(self) -> dict:
