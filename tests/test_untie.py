@@ -4,6 +4,8 @@ tile.  The search prices every program with the names untied (napkin.core.retile
 each kernel's tiles on its own grid (napkin.cost.separable: a sum of small grids, not their
 product), and ends its chain with the move that names them so (rewrites.untie), which the
 checker replays like any other."""
+import copy
+
 import jax
 import numpy as np
 import pytest
@@ -71,6 +73,17 @@ def test_a_search_reports_each_kernels_tiles_and_the_checker_replays_the_move():
     assert {"g_n", "g_n_2"} <= set(opt.tiles)  # each kernel's row tile its own
     report = opt.check()
     assert report.ok, report
+    # tampered: the move given a parameter, or dropped (the kernels' own tiles unbound)
+    from napkin.certify.checker import check_certificate
+    cert = opt.certificate.to_dict()
+    last = len(cert["steps"])
+    bad = copy.deepcopy(cert)
+    bad["steps"][-1]["params"] = {"tile": "g_n"}
+    report = check_certificate(bad, numeric=False)
+    assert not report.ok and report.step == last and "takes no parameters" in report.reason
+    bad = copy.deepcopy(cert)
+    bad["steps"].pop()
+    assert "final result fingerprint mismatch" in str(check_certificate(bad, numeric=False))
     small = opt.fit({"n": 13, "d": 6, "e": 10, "f": 7})
     rng = np.random.default_rng(3)
     X, W1, W2 = (rng.standard_normal(s).astype(np.float32) for s in [(13, 6), (6, 10), (10, 7)])
