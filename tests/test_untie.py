@@ -61,6 +61,13 @@ def test_the_parts_best_is_the_best_of_every_tiling():
                                  for t in whole.free], whole.shape)
     assert float(whole.time[same]) == pytest.approx(parts.summary(p)["time_s"], rel=1e-9)
     assert set(at) == set(parts.values(p))
+    # the traffic, peaks and bound, summed over the parts, are the whole cost's at the point
+    got, want = parts.summary(p), c.evaluate({**sizes, **parts.values(p)})
+    assert got["transfers_bytes"] == pytest.approx(want["transfers_bytes"][c.main_level])
+    assert got["transfers"] == pytest.approx(want["transfers"][c.main_level])
+    assert got["memory_bytes"] == pytest.approx({lv: want["memory_bytes"][lv]
+                                                 for lv in c.levels[1:]})
+    assert got["bound_by"] == want["bound_by"]
     # a capacity bound or the transfers objective reads the whole grid
     assert isinstance(grid_for(c, sizes, "transfers"), Grid)
 

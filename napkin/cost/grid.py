@@ -263,13 +263,15 @@ class Grid:
         order = np.lexsort((self.memsum[pick], self.steps[pick], rank(sec[pick]), spilled, pr))
         return int(pick[order[0]]), True
 
-    def summary(self, i: int) -> dict:
-        """The figures at point ``i`` (what :class:`Tiles` and a search's state record)."""
+    def summary(self, i: int, memory: bool = True) -> dict:
+        """The figures at point ``i`` (what :class:`Tiles` and a search's state record;
+        ``memory``: each level's peak too)."""
         env = {**self.sizes, **self.values(i)}
         return {"time_s": float(self.time[i]),
                 "transfers": value_at(self.c.transfers[self.level], env),
                 "transfers_bytes": float(self.Hb[i]),
-                "memory_bytes": {lv: float(m[i]) for lv, m in self.mem.items()},
+                "memory_bytes": ({lv: float(m[i]) for lv, m in self.mem.items()} if memory
+                                 else {}),
                 "bound_by": self.bound_by(i)}
 
     def values(self, i: int) -> dict:

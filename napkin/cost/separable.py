@@ -21,6 +21,7 @@ import networkx as nx
 import sympy
 
 from napkin.cost.launch import Launches, modelled, read_symbols
+from napkin.cost.model import value_at
 from napkin.cost.grid import Grid
 
 
@@ -72,29 +73,42 @@ class _View:
     """What :class:`Grid` reads of a cost, for one part: its tiles, its kernels, and the
     terms of the transfers, compute and memory that read its tiles alone."""
 
-    def __init__(self, c, tiles, kernels, free):
+    def __init__(self, c, tiles, kernels, terms, memory):
         self.kernels = kernels
-        mine, free = set(tiles), set(free)
+        mine = set(tiles)
         self.tiles = {t: info for t, info in c.tiles.items() if t in mine}
         self.levels, self.main_level, self.hardware = c.levels, c.main_level, c.hardware
         self.schedule, self.dtype, self.program = c.schedule, c.dtype, c.program
-
-        def share(e):  # the terms that read this part's tiles and no other's
-            return sympy.Add(*(t for t in _terms(e) if mine >= _reads(t, free) != set()))
-        self.transfers = {lv: share(e) for lv, e in c.transfers.items()}
-        self.transfers_bytes = {lv: share(e) for lv, e in c.transfers_bytes.items()}
-        self._compute = {u: share(e) for u, e in c.compute_times().items()}
-        self.memory_bytes_candidates = {
-            lv: [e for e in cands if mine >= _reads(e, free) != set()]
-            for lv, cands in c.memory_bytes_candidates.items()}
+        self.transfers, self.transfers_bytes, self._compute = (
+            {k: sympy.Add(*ts) for k, ts in table.items()} for table in terms)
+        self.memory_bytes_candidates = memory
 
     def compute_times(self) -> dict:
         return self._compute
 
 
-def _reads(e, free: set) -> set:
-    """The free tiles expression ``e`` reads."""
-    return sympy.sympify(e).free_symbols & free
+def _split(c, parts, free) -> tuple:
+    """Each part's terms of the transfers (values, bytes) and compute times, and its memory
+    candidates; with the terms no tile reads (constants) and those that read several parts'
+    tiles (none where every term is a kernel's), kept apart: (per part, constants, across)."""
+    where = {t: i for i, (tiles, _) in enumerate(parts) for t in tiles}
+    tables = (c.transfers, c.transfers_bytes, c.compute_times())
+    mine = [tuple({k: [] for k in table} for table in tables) for _ in parts]
+    const = tuple({k: [] for k in table} for table in tables)
+    across = tuple({k: [] for k in table} for table in tables)
+    for j, table in enumerate(tables):
+        for key, e in table.items():
+            for term in _terms(e):
+                at = {where[t] for t in term.free_symbols & free}
+                (const if not at else mine[at.pop()] if len(at) == 1 else across)[j][key] \
+                    .append(term)
+    memory = [{lv: [] for lv in c.memory_bytes_candidates} for _ in parts]
+    for lv, cands in c.memory_bytes_candidates.items():
+        for e in cands:
+            at = {where[t] for t in sympy.sympify(e).free_symbols & free}
+            if len(at) == 1:
+                memory[at.pop()][lv].append(e)
+    return mine, memory, const, across
 
 
 class Parts:
@@ -104,8 +118,12 @@ class Parts:
     def __init__(self, c, sizes, parts):
         self.c, self.sizes = c, dict(sizes)
         self.level = c.main_level
-        free = [t for tiles, _ in parts for t in tiles]
-        self.grids = [Grid(_View(c, tiles, ks, free), sizes) for tiles, ks in parts]
+        free = {t for tiles, _ in parts for t in tiles}
+        mine, memory, const, self._across = _split(c, parts, free)
+        self._const = tuple({k: value_at(sympy.Add(*ts), self.sizes) for k, ts in table.items()}
+                            for table in const)
+        self.grids = [Grid(_View(c, tiles, ks, terms, mem), sizes)
+                      for (tiles, ks), terms, mem in zip(parts, mine, memory)]
         self.free = [t for g in self.grids for t in g.free]
         self.cands = {k: v for g in self.grids for k, v in g.cands.items()}
         self.mult = {k: v for g in self.grids for k, v in g.mult.items()}
@@ -150,16 +168,34 @@ class Parts:
         for g in self.grids:
             g.slim()
 
-    def summary(self, point) -> dict:
-        """The figures at ``point``, on the whole cost."""
+    def _total(self, j: int, key, point, part) -> float:
+        """Table ``j``'s ``key`` at ``point``: the constants, each part's share (``part(g,
+        i)``), and any term across parts worked out at the point."""
+        out = self._const[j][key] + sum(part(g, i) for g, i in zip(self.grids, point))
+        if self._across[j][key]:
+            out += value_at(sympy.Add(*self._across[j][key]),
+                            {**self.sizes, **self.values(point)})
+        return out
+
+    def summary(self, point, memory: bool = True) -> dict:
+        """The figures at ``point``: the time is the parts' kernels' (every kernel is in a
+        part), the traffic each part's share plus what no part holds; ``memory``: each
+        level's peak too (worked out at the point: a search does not read it)."""
+        c, hw, lv = self.c, self.c.hardware, self.level
+        times = {f"{name}": self._total(1, name, point, lambda g, i, n=name: float(
+            g.ev(g.c.transfers_bytes[n])[i])) / hw.level(name).bandwidth_bytes_per_s
+            for name in c.levels[1:]}
+        compute = {u: self._total(2, u, point, lambda g, i, u=u: float(
+            g.ev(g.c.compute_times()[u])[i])) for u in c.compute_times()}
+        labels = {**times, **{f"compute:{u}": t for u, t in compute.items()}}
         env = {**self.sizes, **self.values(point)}
-        c = self.c
-        ev = c.evaluate(env)
-        return {"time_s": sum(float(k.time[0]) for k in Launches.point(self, point)),
-                "transfers": ev["transfers"][self.level],
-                "transfers_bytes": ev["transfers_bytes"][self.level],
-                "memory_bytes": {lv: ev["memory_bytes"][lv] for lv in c.levels[1:]},
-                "bound_by": ev["bound_by"]}
+        peaks = {name: max((value_at(e, env) for e in c.memory_bytes_candidates[name]),
+                           default=0.0) for name in c.levels[1:]} if memory else {}
+        return {"time_s": sum(float(g.time[i]) for g, i in zip(self.grids, point)),
+                "transfers": self._total(0, lv, point, lambda g, i: float(g.Hv[i])),
+                "transfers_bytes": self._total(1, lv, point, lambda g, i: float(g.Hb[i])),
+                "memory_bytes": peaks,
+                "bound_by": max(labels, key=labels.get)}
 
 
 class _Launched:

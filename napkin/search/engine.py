@@ -341,7 +341,7 @@ class Evaluator:
             state.cost, state.grid = c, grid
             state.feasible = feasible
             if feasible:  # (a program that does not fit has no time, nor traffic to price)
-                at = grid.summary(best)
+                at = grid.summary(best, memory=False)
                 state.time_s, state.bytes = at["time_s"], at["transfers_bytes"]
                 state.bound_by = at["bound_by"]
             state.tile_values = grid.values(best)
