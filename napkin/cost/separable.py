@@ -11,7 +11,8 @@ a nested tile's extent reads together (networkx's connected components); each pa
 :class:`napkin.cost.grid.Grid` over a view of the program's cost that holds that
 part's tiles, kernels and terms alone (terms no tile reads add a constant: they cannot
 move a part's best).  :class:`Parts` answers what a search and ``optimize_tiles`` ask of
-a grid at a point (a tuple of each part's index), evaluated on the whole cost.
+a grid at a point (a tuple of each part's index): the parts' figures there, summed, plus
+the constants.
 """
 from __future__ import annotations
 
@@ -41,8 +42,8 @@ def _terms(e) -> tuple:
 
 
 def _parts(c, sizes) -> list:
-    """[(tiles, kernels)]: the program's free tiles in sets no kernel, term or extent
-    reads across; every kernel in the part of its tiles (those with none in the first)."""
+    """[(tiles, kernels)]: the program's free tiles in sets no kernel or nested extent reads
+    across; every kernel in the part of its tiles (those with none in the first)."""
     free = [t for t in c.tiles if t.name not in sizes]
     if len(free) < 2:
         return [(free, None)]
