@@ -13,7 +13,6 @@ is alpha-conversion).
 from __future__ import annotations
 
 from napkin.core.errors import RuleError
-from napkin.core.region import Site
 from napkin.core.retile import untied
 from rewrites.base import Rule
 
@@ -23,6 +22,7 @@ class UntieTiles(Rule):
     params = ()
     summary = "give each kernel tile names of its own (renaming a bound name)"
     proof = "proofs.untie"
+    # no candidates (the base's): the search prices programs untied and appends this move
 
     def _untied(self, program, site):
         if site.path or site.ops:
@@ -37,11 +37,3 @@ class UntieTiles(Rule):
 
     def apply(self, program, site, params):
         return self._untied(program, site)
-
-    def candidates(self, program, path=()):
-        """None: the search prices programs untied and appends this move itself."""
-        return iter(())
-
-    @staticmethod
-    def site() -> Site:
-        return Site((), ())

@@ -31,43 +31,44 @@ def renamed(diagram, mapping: dict):
     """``diagram`` with every symbol ``old`` of ``mapping`` (sympy symbols) replaced by its
     ``new`` at every depth; the same object where nothing changes (memoised: the search
     renames the same kernels from state after state)."""
-    key = tuple(sorted((str(a), str(b)) for a, b in mapping.items()))
-    return _RENAMED.get((diagram,), lambda: _renamed(diagram, mapping), key)
+    return _RENAMED.get((diagram,), lambda: _rebuilt(
+        diagram, lambda ob: _ob(ob, mapping), lambda i, box, dom: _box(box, dom, mapping)),
+        _key(mapping))
 
 
-def _renamed(diagram, mapping):
+def _key(mapping: dict) -> tuple:
+    return tuple(sorted((str(a), str(b)) for a, b in mapping.items()))
+
+
+def _rebuilt(diagram, ob_of, box_of):
+    """``diagram`` with each input wire ``ob_of(ob)`` and each op ``box_of(index, box,
+    dom)`` on its new wires; ``diagram`` itself where nothing changed."""
     g = view(diagram)
-    b, changed = GraphBuilder(), False
-    env = {}
+    b, changed, env = GraphBuilder(), False, {}
     for v in g.graph["inputs"]:
-        ob = _ob(g.nodes[v]["ob"], mapping)
+        ob = ob_of(g.nodes[v]["ob"])
         changed |= ob is not g.nodes[v]["ob"]
         env[v] = b.input(ob)
-    for n in op_order(g):
+    for i, n in enumerate(op_order(g)):
         node = g.nodes[n]
         box = node["box"]
-        dom = markov.Ty(*(b.graph.nodes[env[v]]["ob"] for v in node["ins"]))
-        new = _box(box, dom, mapping)
+        new = box_of(i, box, markov.Ty(*(b.graph.nodes[env[v]]["ob"] for v in node["ins"])))
         changed |= new is not box
         for v, w in zip(node["outs"], b.op(new, [env[v] for v in node["ins"]])):
             env[v] = w
-    if not changed:
-        return diagram
-    return to_diagram(b.finish([env[v] for v in g.graph["outputs"]]))
+    return to_diagram(b.finish([env[v] for v in g.graph["outputs"]])) if changed else diagram
 
 
 def _box(box, dom, mapping):
     """``box`` on the wires ``dom`` with the symbols renamed (``box`` where none occurs);
     memoised: the same kernel renamed alike in state after state is one object, so the
     schedule's and the launch model's memos recognise it."""
-    key = (tuple(sorted((str(a), str(b)) for a, b in mapping.items())), dom)
-
     def make():
         spec = _value(box.spec, mapping)
         if spec is box.spec and dom == box.dom:
             return box
         return make_op(spec, dom, [ob.name for ob in box.cod.inside], box.name)
-    return _BOXES.get((box,), make, key)
+    return _BOXES.get((box,), make, (_key(mapping), dom))
 
 
 def _ob(ob, mapping):
@@ -78,11 +79,9 @@ def _ob(ob, mapping):
 def _value(v, mapping):
     """``v`` with the symbols renamed; ``v`` itself where none occurs."""
     if isinstance(v, sympy.Basic):
-        w = v.xreplace(mapping)
-        return v if w == v else w
+        return v.xreplace(mapping)  # (itself where nothing is replaced)
     if isinstance(v, ArrayType):
-        sizes = [_value(a.size, mapping) if isinstance(a.size, sympy.Basic) else a.size
-                 for a in v.axes]
+        sizes = [_value(a.size, mapping) for a in v.axes]
         if all(s is a.size for s, a in zip(sizes, v.axes)):
             return v
         return ArrayType(tuple(Axis(a.name, s) for a, s in zip(v.axes, sizes)), v.dtype)
@@ -133,19 +132,8 @@ def untied(program) -> tuple:
 def retiled(program, renames: dict):
     """``program`` with top-level op ``i``'s tiles renamed by ``renames[i]`` ({old: new},
     names)."""
-    g = view(program)
-    order = op_order(g)
-    b, env = GraphBuilder(), {}
-    for v in g.graph["inputs"]:
-        env[v] = b.input(g.nodes[v]["ob"])
-    for i, n in enumerate(order):
-        node = g.nodes[n]
-        box = node["box"]
-        if i in renames:
-            box = _box(box, box.dom, symbols(renames[i]))
-        for v, w in zip(node["outs"], b.op(box, [env[v] for v in node["ins"]])):
-            env[v] = w
-    return to_diagram(b.finish([env[v] for v in g.graph["outputs"]]))
+    return _rebuilt(program, lambda ob: ob, lambda i, box, dom: _box(
+        box, dom, symbols(renames[i])) if i in renames else box)
 
 
 def symbols(mapping: dict) -> dict:

@@ -196,6 +196,10 @@ class Grid:
             return self.launches.time
         return self._times[0].max(axis=0)
 
+    def roofline(self, i: int) -> dict:
+        """Point ``i``'s roofline: {a level's name or ``compute:<unit>``: seconds}."""
+        return dict(zip(self.labels, map(float, self._times[0][:, i])))
+
     def bound_by(self, i: int) -> str:
         """What bounds point ``i``'s roofline: a level's transfers or a unit's compute."""
         return self.labels[int(self._times[0][:, i].argmax())]

@@ -79,7 +79,6 @@ class _View:
         mine = set(tiles)
         self.tiles = {t: info for t, info in c.tiles.items() if t in mine}
         self.levels, self.main_level, self.hardware = c.levels, c.main_level, c.hardware
-        self.schedule, self.dtype, self.program = c.schedule, c.dtype, c.program
         self.transfers, self.transfers_bytes, self._compute = (
             {k: sympy.Add(*ts) for k, ts in table.items()} for table in terms)
         self.memory_bytes_candidates = memory
@@ -169,34 +168,35 @@ class Parts:
         for g in self.grids:
             g.slim()
 
-    def _total(self, j: int, key, point, part) -> float:
-        """Table ``j``'s ``key`` at ``point``: the constants, each part's share (``part(g,
-        i)``), and any term across parts worked out at the point."""
-        out = self._const[j][key] + sum(part(g, i) for g, i in zip(self.grids, point))
+    def _extra(self, j: int, key, env) -> float:
+        """Table ``j``'s ``key`` that no part holds, at ``env``: the constants and any term
+        across parts."""
+        out = self._const[j][key]
         if self._across[j][key]:
-            out += value_at(sympy.Add(*self._across[j][key]),
-                            {**self.sizes, **self.values(point)})
+            out += value_at(sympy.Add(*self._across[j][key]), env)
         return out
 
     def summary(self, point, memory: bool = True) -> dict:
         """The figures at ``point``: the time is the parts' kernels' (every kernel is in a
-        part), the traffic each part's share plus what no part holds; ``memory``: each
-        level's peak too (worked out at the point: a search does not read it)."""
+        part), the traffic and roofline each part's share plus what no part holds;
+        ``memory``: each level's peak too (worked out at the point: a search does not read
+        it)."""
         c, hw, lv = self.c, self.c.hardware, self.level
-        times = {f"{name}": self._total(1, name, point, lambda g, i, n=name: float(
-            g.ev(g.c.transfers_bytes[n])[i])) / hw.level(name).bandwidth_bytes_per_s
-            for name in c.levels[1:]}
-        compute = {u: self._total(2, u, point, lambda g, i, u=u: float(
-            g.ev(g.c.compute_times()[u])[i])) for u in c.compute_times()}
-        labels = {**times, **{f"compute:{u}": t for u, t in compute.items()}}
+        at = list(zip(self.grids, point))
         env = {**self.sizes, **self.values(point)}
+        roof = {name: self._extra(1, name, env) / hw.level(name).bandwidth_bytes_per_s
+                for name in c.levels[1:]}
+        roof.update({f"compute:{u}": self._extra(2, u, env) for u in c.compute_times()})
+        for g, i in at:
+            for label, t in g.roofline(i).items():
+                roof[label] += t
         peaks = {name: max((value_at(e, env) for e in c.memory_bytes_candidates[name]),
                            default=0.0) for name in c.levels[1:]} if memory else {}
-        return {"time_s": sum(float(g.time[i]) for g, i in zip(self.grids, point)),
-                "transfers": self._total(0, lv, point, lambda g, i: float(g.Hv[i])),
-                "transfers_bytes": self._total(1, lv, point, lambda g, i: float(g.Hb[i])),
+        return {"time_s": sum(float(g.time[i]) for g, i in at),
+                "transfers": self._extra(0, lv, env) + sum(float(g.Hv[i]) for g, i in at),
+                "transfers_bytes": self._extra(1, lv, env) + sum(float(g.Hb[i]) for g, i in at),
                 "memory_bytes": peaks,
-                "bound_by": max(labels, key=labels.get)}
+                "bound_by": max(roof, key=roof.get)}
 
 
 class _Launched:
