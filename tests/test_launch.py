@@ -61,6 +61,18 @@ def test_matmul_shared_memory_and_warps():
     assert k["spilled_bytes"] == 0 and k["blocks"] == 512 and k["waves"] == 4
 
 
+def test_a_stream_of_one_step_takes_one_buffer():
+    """A block whose stream runs one step (the whole reduced axis in one chunk) has nothing
+    to load ahead: one stage, one buffer — what Triton allocates (98,304 B for the logits'
+    GEMM of linear cross-entropy at 128 x 256 over d = 128, where two stages were counted)."""
+    k, _ = launch_at("matmul", MATMUL, dict(a=4096, b=128, c=32768),
+                     dict(g_a=128, g_c=256, s_b=128))
+    assert k["num_stages"] == 1 and k["smem_bytes"] == 2 * (128 * 128 + 128 * 256) == 98304
+    k, _ = launch_at("matmul", MATMUL, dict(a=4096, b=256, c=32768),
+                     dict(g_a=128, g_c=256, s_b=128))
+    assert k["num_stages"] == 2 and k["smem_bytes"] == 2 * 98304
+
+
 def test_warps_follow_the_registers_and_the_rows():
     """The fewest warps whose threads hold the accumulator and scores; no more warp groups
     than the block has 64-row slices for the tensor cores."""

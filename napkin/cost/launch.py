@@ -173,9 +173,14 @@ class Launches:
         # stages: the most whose chunk buffers fit the block's shared memory (the profile's
         # per-block limit, or a smaller capacity its block level states)
         limit = smem_limit(c.hardware)
+        # (a block of one sequential step has nothing to load ahead: one buffer, as the
+        # compiler allocates; its loads still overlap other blocks' work, as a stream-less
+        # kernel's do)
+        steps = np.maximum(ev(k.steps) + np.zeros(n), 1)
         stages = np.zeros(n)
         for s in range(1, hw.pipeline_stages + 1):
-            stages = np.where(smem1 + (s - 1) * stage <= limit, s, stages)
+            stages = np.where((smem1 + (s - 1) * stage <= limit) & ((s == 1) | (steps > 1)),
+                              s, stages)
         smem = smem1 + (np.maximum(stages, 1) - 1) * stage
         fits = stages >= 1
         # the reason is words for one point (a grid's worth of strings would cost seconds)
@@ -211,7 +216,7 @@ class Launches:
                                             compute_times(totals.flops, hw).values()]), axis=0)
         moved = sum(parts, np.zeros(n))
         overlap = np.maximum(np.max(np.stack(parts), axis=0) if parts else 0.0, compute)
-        roof = np.where((stages >= 2) | (k.streams == 0), overlap, moved + compute)
+        roof = np.where((stages >= 2) | (k.streams == 0) | (steps == 1), overlap, moved + compute)
         latency = waves * ev(k.steps) * hw.step_s
         time = ev(k.launches) * (hw.launch_s + np.maximum(roof / useful, latency))
         return KernelLaunch(k.name, warps.astype(int), np.maximum(stages, 1).astype(int), smem,
