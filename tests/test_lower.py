@@ -556,7 +556,7 @@ CPU_PROOFS = [
     ("h100", "batched_matmul", None),  # a unit batch axis, squeezed from the blocks
     ("h100", "mha", dict(h=16, q=4096, x=4096, d=128, max_states=300)),
     ("h100", "mqa", dict(h=16, q=4096, x=4096, d=128, max_states=300)),
-    ("h100", "linear_cross_entropy", None),  # Y's chunk converted to the dot's layout
+    ("h100", "linear_cross_entropy", None),  # the logits in HBM: a GEMM and three row kernels
     pytest.param("h100", "softmax", None, marks=pytest.mark.xfail(
         strict=True, reason="a whole 32,768-wide row per block: the model holds X and P in "
                             "f32 at once (256 registers of data a thread) and prices a spill; "
@@ -581,17 +581,19 @@ def test_the_optimisers_own_kernels_are_what_the_model_says(hardware, name, size
     sizes = dict(sizes or {})
     opt = optimize(name, hardware, sizes, "bf16", max_states=sizes.pop("max_states", 2000))
     shapes = [tuple(opt.sizes[a.name] for a in ob.type.axes) for ob in opt.algorithm.dom.inside]
-    (model,) = opt.search.best.tiles.launch
+    models = opt.search.best.tiles.launch
     start = time.perf_counter()
-    (k,) = ptx.compile_ptx(opt.kernel(), shapes, check_shared=False)
-    assert time.perf_counter() - start < 60
-    assert (k.num_warps, k.num_stages) == (model["num_warps"], model["num_stages"])
-    assert k.fma_dots == 0, k.ttgir
-    assert ("wgmma.mma_async" in k.ptx) == (k.dots > 0)
-    assert k.spills == 0 and model["spilled_bytes"] == 0
-    assert k.shared <= ptx.SHARED_LIMIT
-    assert abs(k.shared - model["smem_bytes"]) <= max(0.15 * model["smem_bytes"], 1024), \
-        (k.shared, model)
+    compiled = ptx.compile_ptx(opt.kernel(), shapes, check_shared=False)
+    assert time.perf_counter() - start < 60 * len(models)
+    assert len(compiled) == len(models)
+    for model, k in zip(models, compiled):
+        assert (k.num_warps, k.num_stages) == (model["num_warps"], model["num_stages"])
+        assert k.fma_dots == 0, k.ttgir
+        assert ("wgmma.mma_async" in k.ptx) == (k.dots > 0)
+        assert k.spills == 0 and model["spilled_bytes"] == 0
+        assert k.shared <= ptx.SHARED_LIMIT
+        assert abs(k.shared - model["smem_bytes"]) <= max(0.15 * model["smem_bytes"], 1024), \
+            (k.shared, model)
 
 
 def test_a_dot_a_tile_makes_smaller_than_16_does_not_compile():

@@ -365,3 +365,31 @@ def test_the_same_question_is_answered_once_and_another_is_searched():
     assert other is not first and other.best.program.dom.inside[0].name == "X"
     forget_searches()
     assert search(d, "h100", sizes, "f32", **few) is not first
+
+
+def test_the_search_is_never_slower_than_a_kernel_per_box():
+    """A SwiGLU MLP from plain JAX at LLaMA-like sizes: from the algorithm alone the search's
+    group moves take the largest region, and all it reached in its patience was the whole
+    MLP as one kernel (a 4,096-wide row of gate and up per block: 36 ms, spilling). The
+    program where every box is a kernel of its own is a root of every search too, so the
+    answer is never slower than it (0.30 ms), and the one-kernel program is an alternative
+    that loses."""
+    import jax
+    import jax.numpy as jnp
+    import napkin as nk
+    from napkin.search.engine import Evaluator, kernel_per_box
+
+    def mlp(x, g, w1, w3, w2):
+        h = x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + 1e-6) * g
+        return x + (jax.nn.silu(h @ w1) * (h @ w3)) @ w2
+    f32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)  # noqa: E731
+    t, e, f = 2048, 1024, 4096
+    d = nk.from_jax(mlp, f32(t, e), f32(e), f32(e, f), f32(e, f), f32(f, e),
+                    axes=["t e", "e", "e f", "e f", "f e"])
+    sizes = dict(t=t, e=e, f=f)
+    r = search(d, H100, sizes, "bf16")
+    apart = kernel_per_box(d, Evaluator(H100, sizes, "bf16"))
+    assert r.best.feasible and r.best.time_s <= apart.time_s * (1 + 1e-9) < 1e-3
+    states = [r.graph.nodes[n]["state"] for n in r.graph.nodes]
+    whole = [s.time_s for s in states if s.feasible and len(s.program.boxes) == 1]
+    assert whole and min(whole) > 10 * r.best.time_s

@@ -560,7 +560,12 @@ def _search(diagram, hardware, sizes, dtype, max_states, max_seconds, objective,
     pieced = in_pieces(start, two, max_states, PIECES_SHARE * max_seconds, patience)
     # (every top-level box of the pieced program is a kernel: the search refines those;
     # from the algorithm itself, a program that large has more first moves than it can try)
-    roots = [start] if pieced is None else [pieced, _each_box(start, two)]
+    # every box a kernel of its own, values between them in HBM, always runs: a root of
+    # every search, so no answer is slower (the group moves take the largest region, and a
+    # search's patience can end among one-kernel programs that spill); from the algorithm
+    # as written too, where the eager recomputations would cost such a program a pass more
+    apart = [_each_box(start, two), _each_box((diagram, ()), two)]
+    roots = [start, *apart] if pieced is None else [pieced, *apart]
     if levels == "all":
         coarse = _best_first(roots, two, max_states, max_seconds, t0, commute=commute,
                              prune=prune, patience=patience, algorithm=diagram)
