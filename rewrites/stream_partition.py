@@ -23,6 +23,8 @@ streamability rule it uses.
 """
 from __future__ import annotations
 
+import itertools
+
 import networkx as nx
 from discopy import markov
 
@@ -258,7 +260,10 @@ class StreamPartition(Rule):
             whole = tuple(range(len(order)))
             yield Site(tuple(path), whole), {"axis": axis}
             # Each reduction over the axis with the boxes upstream of it that carry
-            # the axis: the smallest region that can stream (one layer of a stack).
+            # the axis: the smallest region that can stream (one layer of a stack);
+            # and two of those that read one input, one stream of both accumulators (a
+            # gate's and an up projection's GEMMs over one loop of their input's chunks)
+            sites = []
             for n in order:
                 node = graph.nodes[n]
                 if not any(ob(graph, v).type.has(axis) for v in node["ins"]) or \
@@ -274,5 +279,14 @@ class StreamPartition(Rule):
                             part.add(m)
                             todo += graph.nodes[m]["ins"]
                 site = tuple(sorted(index[m] for m in part))
-                if site != whole:
+                if site != whole and site not in sites:
+                    sites.append(site)
                     yield Site(tuple(path), site), {"axis": axis}
+            reads = [{v for i in site for v in graph.nodes[order[i]]["ins"]
+                      if v in graph.graph["inputs"] and ob(graph, v).type.has(axis)}
+                     for site in sites]
+            for (a, ra), (b, rb) in itertools.combinations(zip(sites, reads), 2):
+                union = tuple(sorted({*a, *b}))
+                if ra & rb and union != whole and union not in sites:
+                    sites.append(union)
+                    yield Site(tuple(path), union), {"axis": axis}

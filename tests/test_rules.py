@@ -2,6 +2,7 @@
 and the rewritten program means the same as the algorithm."""
 import numpy as np
 import pytest
+import sympy
 
 import napkin as nk
 from napkin.core.errors import RuleError
@@ -196,3 +197,55 @@ def test_a_softmax_whose_output_is_not_contracted_says_why_it_cannot_stream():
     assert str(e.value).endswith("(softmax over an axis streams only when its output is "
                                  "contracted over that axis)")
     assert "\n" not in str(e.value)
+
+
+def test_two_reductions_over_one_input_stream_as_one_loop():
+    """SwiGLU's gate and up projections read the same normed rows: besides a stream per
+    reduction, stream_partition offers both at once — one loop over the shared input's
+    chunks carrying two accumulators, the expert's dual-GEMM kernel with the norm as its
+    prologue — and the program is the algorithm (float64, ragged sizes) and runs as one
+    kernel in interpret mode."""
+    import jax
+    import jax.numpy as jnp
+    from napkin.lower import lower
+    from napkin.search.engine import apply_move, eager_moves, moves
+    from proofs._core import numeric, sample
+
+    def gate_up(x, g, w1, w3):
+        h = x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + 1e-6) * g
+        return jax.nn.silu(h @ w1) * (h @ w3)
+    f32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)  # noqa: E731
+    D = nk.from_jax(gate_up, f32(13, 10), f32(10), f32(10, 7), f32(10, 7),
+                    axes=["t e", "e", "e f", "e f"])
+    P, _ = eager_moves(D)
+
+    def move(prog, rule, axis, n_ops=None):
+        return apply_move(prog, next(m for m in moves(prog) if m.rule == rule
+                                     and dict(m.params).get("axis") == axis
+                                     and (n_ops is None or len(m.site.ops) == n_ops)))
+    P = move(P, "group_partition", "t")
+    stream_sites = [m.site.ops for m in moves(P) if m.rule == "stream_partition"]
+    both = max(stream_sites, key=len)
+    assert len(both) == 6 and sorted(map(len, stream_sites)) == [2, 3, 3, 6]
+    P = move(move(P, "stream_partition", "e", 2), "stream_partition", "e", 6)
+    streams = [b for b in body_at(P, (0,)).boxes if getattr(b, "data", None) is not None
+               and b.data.kind == "stream"]
+    assert len(streams) == 2 and streams[1].data.n_state == 2  # gate's and up's sums
+    # registers: the two accumulators, and not again the outputs the finalize writes over
+    # them (a stream's landed output is live from the next step on)
+    from napkin.cost import cost
+    from napkin.hardware import get_hardware
+    (k,) = cost(P, get_hardware("h100").two_level(), "bf16").kernels
+    for regs in k.registers:
+        sym = {str(s): s for s in regs.free_symbols}
+        if "f" in sym:
+            assert sympy.expand(regs).coeff(sym["f"] * sym["g_t"]) == 2, regs
+    sizes = {"t": 13, "e": 10, "f": 7}
+    xs = sample(D, sizes, np.random.default_rng(7))
+    for tiles in ({"g_t": 4, "s_e": 3}, {"g_t": 13, "s_e": 4}):
+        numeric(D, P, xs, sizes_rhs=tiles, tol=1e-12)
+    kernel = lower(P, {"g_t": 4, "s_e": 4}, name="gate_up")  # ragged: 13 rows, 10 = 4+4+2
+    got = np.asarray(kernel(*[np.asarray(x, np.float32) for x in xs], interpret=True))
+    with jax.enable_x64(True):
+        want = np.asarray(gate_up(*[np.asarray(x, np.float64) for x in xs]))
+    assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want))

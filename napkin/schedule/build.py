@@ -409,16 +409,17 @@ class _Builder:
 
         pending = []   # stores of landed outputs, made after the loop that produces them
 
-        def land(v, i):
+        def land(v, i, after=False):
             """Where an output of a group/stream box at step i goes: held here when a later
             box of this body reads it (stored on to the caller's home if it is also an output
-            of the body)."""
+            of the body).  ``after``: live from the next step on — a stream's finalize writes
+            it over the state, which the stream's own peak counts at step i."""
             h_out = out_home_of.get(v)
             home[v] = L
             if cons[v]:
                 buf = self.emit(self.buffer(ob(v), L, "temp", "held for a later box"))
                 ref[v] = buf
-                hold(v, buf, i, last(v))
+                hold(v, buf, i + after, last(v))
                 if h_out is not None and h_out < L:
                     pending.append((ob(v), L, h_out, buf, out_ref_of[v]))
                 return L, buf
@@ -551,7 +552,7 @@ class _Builder:
             nxt = self.buffer(o, L, "next", name=o.name + "'")
             nxt.declared, nxt.in_place_of = False, buf  # the next value, in the state's buffer
             nexts.append(nxt)
-        landed = [land(v, i) for v in node["outs"]]
+        landed = [land(v, i, after=True) for v in node["outs"]]
         self.stream_ctx.append((spec.rule, axis))
         try:
             init = self.open(Loop("section", self.names[L], note=f"init: state of {spec.rule} "
