@@ -581,10 +581,10 @@ def _search(diagram, hardware, sizes, dtype, max_states, max_seconds, objective,
         fine.refused = coarse.refused
         fine.limit = fine.limit or coarse.limit
         fine.stopped = fine.stopped or coarse.stopped
-        return fine.result(diagram, ev, keep, t0)
+        return fine.result(diagram, ev, keep, t0, apart)
     return _best_first(roots, two, max_states, max_seconds, t0, commute=commute,
                        prune=prune, patience=patience, algorithm=diagram).result(diagram, two,
-                                                                                 keep, t0)
+                                                                                 keep, t0, apart)
 
 
 @dataclass
@@ -621,9 +621,15 @@ class _Run:
         keys.append(h if not keys else f"{h}.{len(keys)}")
         return keys[-1]
 
-    def result(self, diagram, ev, keep, t0) -> SearchResult:
+    def result(self, diagram, ev, keep, t0, apart=()) -> SearchResult:
+        """The search's answer; ``apart``: the (program, chain) roots with every box a kernel
+        of its own — the best being one of them while nothing fused fits is said in a note."""
         states, best = self.states(), self.best
         note = ""
+        apart_keys = {self.find(program)[1] for program, _ in apart} - {None}
+        if best.key in apart_keys and not any(s.feasible for s in states
+                                              if s.key not in apart_keys):
+            note = slow_note(diagram, self, ev)
         if not best.feasible:
             fallback = kernel_per_box(diagram, ev)
             note = slow_note(diagram, self, ev)
@@ -728,6 +734,7 @@ def _best_first(roots, ev: "Evaluator", max_states: int, max_seconds: float, t0:
     run = _Run(nx.DiGraph(), None, ev.lower_bound(algorithm or roots[0][0]))
     tie = itertools.count()
     frontier = []
+    first = None  # the first root's key: refusals are recorded at it (the algorithm itself)
     for prog, chain in roots:
         h, known = run.find(prog)
         if known is not None:
@@ -740,7 +747,7 @@ def _best_first(roots, ev: "Evaluator", max_states: int, max_seconds: float, t0:
         run.graph.add_node(state.key, state=state)
         run.best = _better(run.best, state)
         heapq.heappush(frontier, (*_priority(state), next(tie), state))
-    root_keys = set(run.graph.nodes)
+        first = first or state.key
     rules = _refinements() if refine else None
     rank: dict = {}  # move ident -> a fixed total order (first seen, first ranked)
 
@@ -748,7 +755,7 @@ def _best_first(roots, ev: "Evaluator", max_states: int, max_seconds: float, t0:
         if state.moves is None and any(RULES[m.rule].last for m in state.chain):
             state.moves = []  # a chain that a final move ended
         if state.moves is None:
-            refused = run.refused if state.key in root_keys and not refine else None
+            refused = run.refused if state.key == first and not refine else None
             idle = leaves_sms_idle(state, ev.hw, run.best.time_s if run.best else math.inf)
             state.moves = [mv for mv in moves(state.program, rules=rules, refused=refused,
                                               levels=ev.levels)
@@ -952,7 +959,7 @@ def each_box_partitioned(diagram, ev: Evaluator) -> tuple:
         site = Site((index, *path[1:]) if path else (), (0,) if path else (index,))
         try:
             new = RULES[rule].apply(prog, site, params)
-        except NapkinError:
+        except Exception:  # noqa: BLE001 - a refusal, whatever raised it (as in the search)
             return None, None, None
         at = [i for i, b in enumerate(boxes(new)) if id(b) not in others]
         if not at:  # its replacement is a box another also is (rules memoise by content)
