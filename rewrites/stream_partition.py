@@ -261,8 +261,9 @@ class StreamPartition(Rule):
             yield Site(tuple(path), whole), {"axis": axis}
             # Each reduction over the axis with the boxes upstream of it that carry
             # the axis: the smallest region that can stream (one layer of a stack);
-            # and two of those that read one input, one stream of both accumulators (a
-            # gate's and an up projection's GEMMs over one loop of their input's chunks)
+            # and two of those that read one input, or all that do, one stream of their
+            # accumulators (a gate's and an up projection's GEMMs, or Q's, K's and V's, over
+            # one loop of their input's chunks)
             sites = []
             for n in order:
                 node = graph.nodes[n]
@@ -285,8 +286,11 @@ class StreamPartition(Rule):
             reads = [{v for i in site for v in graph.nodes[order[i]]["ins"]
                       if v in graph.graph["inputs"] and ob(graph, v).type.has(axis)}
                      for site in sites]
-            for (a, ra), (b, rb) in itertools.combinations(zip(sites, reads), 2):
-                union = tuple(sorted({*a, *b}))
-                if ra & rb and union != whole and union not in sites:
+            shared = [[site for site, r in zip(sites, reads) if v in r]
+                      for v in dict.fromkeys(v for r in reads for v in r)]
+            unions = [{*a, *b} for (a, ra), (b, rb) in itertools.combinations(zip(sites, reads), 2)
+                      if ra & rb] + [set().union(*group) for group in shared if len(group) > 2]
+            for union in map(tuple, map(sorted, unions)):
+                if union != whole and union not in sites:
                     sites.append(union)
                     yield Site(tuple(path), union), {"axis": axis}

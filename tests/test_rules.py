@@ -249,3 +249,26 @@ def test_two_reductions_over_one_input_stream_as_one_loop():
     with jax.enable_x64(True):
         want = np.asarray(gate_up(*[np.asarray(x, np.float64) for x in xs]))
     assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want))
+
+
+def test_every_reduction_reading_one_input_streams_as_one_loop():
+    """Q, K and V projections of one x (beside a box that does not read it): besides each
+    GEMM's own stream and each pair, all three at once — one pass over x's chunks with three
+    accumulators — float64-exact at ragged sizes."""
+    from napkin import ops
+    from proofs._core import numeric, sample
+    t, e, d = nk.axes("t e d")
+
+    def qkv(X, Wq, Wk, Wv, B):
+        return (*(ops.contract(X, W, out=(t, d)) for W in (Wq, Wk, Wv)), ops.tanh(B))
+    D = nk.trace(qkv, {"X": (t, e), "Wq": (e, d), "Wk": (e, d), "Wv": (e, d), "B": (t, d)},
+                 "qkv")
+    sites = [site.ops for site, params in RULES["stream_partition"].candidates(D)
+             if params["axis"] == "e"]
+    assert sorted(map(len, sites)) == [1, 1, 1, 2, 2, 2, 3, 4]
+    (three,) = [site for site in sites if len(site) == 3]
+    P = RULES["stream_partition"].apply(D, Site((), three), {"axis": "e"})
+    (stream,) = [b for b in P.boxes if getattr(getattr(b, "data", None), "kind", "") == "stream"]
+    assert stream.data.n_state == 3
+    sizes = {"t": 7, "e": 11, "d": 5}
+    numeric(D, P, sample(D, sizes, np.random.default_rng(2)), sizes_rhs={"s_e": 4}, tol=1e-12)
