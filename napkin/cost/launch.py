@@ -211,7 +211,7 @@ class Launches:
                  for lv in c.levels[1:]]
         # spilled registers: out and back every step, priced at the HBM rate (local
         # memory is backed by it, and a spilling kernel waits on every round trip)
-        parts.append(2 * ctas * spilled * np.maximum(ev(k.steps), 1) / hw.memory_bandwidth)
+        parts.append(2 * ctas * spilled * steps / hw.memory_bandwidth)
         compute = blocks * np.max(np.stack([np.broadcast_to(ev(t), (n,)) for t in
                                             compute_times(totals.flops, hw).values()]), axis=0)
         moved = sum(parts, np.zeros(n))

@@ -564,7 +564,8 @@ def _search(diagram, hardware, sizes, dtype, max_states, max_seconds, objective,
     # every search, so no answer is slower (the group moves take the largest region, and a
     # search's patience can end among one-kernel programs that spill); from the algorithm
     # as written too, where the eager recomputations would cost such a program a pass more
-    apart = [_each_box(start, two), _each_box((diagram, ()), two)]
+    # (built only where an eager move changed it: the same program twice is one root)
+    apart = [_each_box(start, two)] + ([_each_box((diagram, ()), two)] if start[1] else [])
     roots = [start, *apart] if pieced is None else [pieced, *apart]
     if levels == "all":
         coarse = _best_first(roots, two, max_states, max_seconds, t0, commute=commute,
