@@ -123,6 +123,9 @@ class Hardware:
     smem_per_sm_bytes: int | None = None
     smem_per_block_max_bytes: int | None = None
     l2_bytes: int | None = None
+    # L2 -> SM bandwidth: re-reads of operands the L2 holds (napkin.cost.launch); derived
+    # from the level under 'l2', None where the hierarchy has none
+    l2_bytes_per_s: float | None = None
     warpgroup_threads: int = 128
     # The launch model (napkin.cost.launch); register_budget None = a roofline only.
     register_budget: int | None = None     # 4-byte registers of data one thread may hold
@@ -323,7 +326,7 @@ def _validate_chip(hw: Hardware) -> None:
         need(v, "", f"flops_per_s[{d!r}]")
     need(hw.clock_hz, "", "clock_hz")
     need(hw.warpgroup_threads, "", "warpgroup_threads", integer=True)
-    for f in ("vector_flops_per_s", "exp_per_s"):
+    for f in ("vector_flops_per_s", "exp_per_s", "l2_bytes_per_s"):
         if getattr(hw, f) is not None:
             need(getattr(hw, f), "", f)
     for f in ("sms", "smem_per_sm_bytes", "smem_per_block_max_bytes"):
@@ -365,11 +368,19 @@ def _defaults(hw: Hardware) -> dict:
         "smem_per_sm_bytes": sm.capacity_bytes,
         "registers_per_sm_bytes": regs.capacity_bytes * regs.count if regs else 0,
         "l2_bytes": names["l2"].capacity_bytes if "l2" in names else 0,
+        "l2_bytes_per_s": _below(hw, "l2").bandwidth_bytes_per_s if "l2" in names
+        and _below(hw, "l2") is not None else None,
     }
     out = {k: v for k, v in derived.items() if getattr(hw, k) is None}
     if hw.smem_per_block_max_bytes is None:
         out["smem_per_block_max_bytes"] = out.get("smem_per_sm_bytes", hw.smem_per_sm_bytes)
     return out
+
+
+def _below(hw: Hardware, name: str):
+    """The level under level ``name`` (None at the bottom)."""
+    i = [lv.name for lv in hw.levels].index(name)
+    return hw.levels[i + 1] if i + 1 < len(hw.levels) else None
 
 
 def _known_dtype(dtype: str, profile: str) -> str:
@@ -536,6 +547,7 @@ def _nvidia(name, *, sms, clock_hz, l2_bytes, hbm_bytes_per_s, l2_bytes_per_s, s
         smem_per_sm_bytes=smem_per_sm,
         smem_per_block_max_bytes=smem_per_block,
         l2_bytes=l2_bytes,
+        l2_bytes_per_s=l2_bytes_per_s,   # re-reads of operands the L2 holds (the launch model)
         # [EST] registers of data a thread may hold, calibrated on ptxas for sm_90 (triton
         # 3.9): the schedule counts a value and its in-place successor once where the
         # compiler keeps both (scores in f32 beside P in bf16), so tiles above ~128 spill

@@ -101,14 +101,137 @@ def test_spills_are_priced():
 
 def test_waves_and_launch_cost_price_a_small_grid():
     """16 blocks on 132 SMs use an eighth of the chip: the time is the roofline's ÷ 16/132,
-    plus one launch."""
-    hw = H100
+    plus one launch (on a profile stating no L2, whose re-reads the roofline prices as HBM's:
+    test_operands_the_l2_holds_are_read_from_hbm_once)."""
+    hw = dataclasses.replace(H100, l2_bytes=0)
     c = cost(program("matmul", MATMUL), hw, "bf16")
     g = Grid(c, dict(a=512, b=4096, c=512, g_a=128, g_c=128, s_b=64))
     (k,) = g.launches.at(0)
     assert k["blocks"] == 16 and k["waves"] == 1
     roof = g._times[0].max(axis=0)[0]
     assert math.isclose(g.time[0], hw.launch_s + roof * 132 / 16, rel_tol=1e-9)
+
+
+def test_operands_the_l2_holds_are_read_from_hbm_once():
+    """A GEMM's blocks re-read its operands (A once per column tile, B once per row tile).
+    Where the arrays re-read fit half the L2 (H100: 50 MB, two partitions), HBM moves each
+    once and the re-reads cross the L2 at its bandwidth; where they do not (4096³ in bf16:
+    64 MB), every re-read is priced at HBM's rate, as before."""
+    hw = H100
+    assert hw.l2_bytes == 50 * 2 ** 20 and hw.l2_bytes_per_s == 5120 * 132 / 108 * 1.83e9
+    n, tiles = 2048, dict(g_a=128, g_c=128, s_b=64)
+    k, g = launch_at("matmul", MATMUL, dict(a=n, b=n, c=n), tiles)
+    _, g0 = launch_at("matmul", MATMUL, dict(a=n, b=n, c=n), tiles,
+                      hw=dataclasses.replace(hw, l2_bytes=0))
+    loads = 2 * (2 * n * n) * (n // 128)      # A and B, each read by 16 tiles of the other
+    hbm = 2 * (2 * n * n) + 2 * n * n         # A and B once, C once
+    through_l2 = (loads + 2 * n * n) / hw.l2_bytes_per_s
+    compute = 2 * n ** 3 / 989e12
+    assert through_l2 > max(hbm / 3.35e12, compute)  # small tiles: the L2's bandwidth binds
+    slots = 132 * k["blocks_per_sm"]
+    useful = k["blocks"] / (k["waves"] * slots) if k["blocks"] >= slots \
+        else min(k["blocks"], 132) / 132
+    assert math.isclose(g.time[0], 3e-6 + through_l2 / useful, rel_tol=1e-9)
+    assert g0.time[0] > 2.5 * g.time[0]  # without it: 268 MB of re-reads at HBM's rate
+    big = dict(a=4096, b=4096, c=4096)
+    _, g = launch_at("matmul", MATMUL, big, tiles)
+    _, g0 = launch_at("matmul", MATMUL, big, tiles, hw=dataclasses.replace(hw, l2_bytes=0))
+    assert g.time[0] == g0.time[0]
+    # a profile's hierarchy states it: the L2 level's capacity, the bandwidth under it
+    two = get_hardware("a100").two_level()
+    assert two.l2_bytes == 40 * 2 ** 20 and two.l2_bytes_per_s == 5120 * 1.41e9
+
+
+def _down_projection(t=2048, e=1024, f=4096):
+    """x + (silu(g)·u) @ w2 from plain JAX: the MLP's down projection, its prologue and its
+    residual, one kernel (group t, group e, stream f)."""
+    import jax
+    import jax.numpy as jnp
+    import napkin as nk
+    from napkin.search.engine import Evaluator, each_product_partitioned
+
+    def down(g, u, w2, x):
+        return x + (jax.nn.silu(g) * u) @ w2
+    f32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)  # noqa: E731
+    d = nk.from_jax(down, f32(t, f), f32(t, f), f32(f, e), f32(t, e),
+                    axes=["t f", "t f", "f e", "t e"])
+    program, _ = each_product_partitioned(d, Evaluator(H100, dict(t=t, e=e, f=f), "bf16"))
+    return program
+
+
+def test_a_prologue_writes_over_its_chunks_and_the_residual_waits_for_the_finalize():
+    """The down projection's step loads a chunk of gate and of up (registers: only
+    elementwise boxes read them), writes silu over gate's and the product over up's, and
+    feeds the dot; the residual x, which only the finalize reads, is loaded after the loop.
+    Counted so, the kernel holds the accumulator and two chunks while it streams, the
+    accumulator and x after: 128 registers a thread at 128 × 128 × 64 on 8 warps — what ptxas
+    allocates, no spills (benchmarks/cpu_proofs.py --block). Counted before, a third chunk
+    for the product and x beside the accumulator throughout: 224, spilling."""
+    import sympy
+    c = cost(_down_projection(), H100, "bf16")
+    (k,) = c.kernels
+    env = dict(t=2048, e=1024, f=4096, g_t=128, g_e=128, s_f=64)
+    peaks = [value_at(sympy.sympify(r), env) for r in k.registers]
+    assert max(peaks) == 2 * 128 * 128
+    assert sorted(peaks) == [2 * 128 * 128, 128 * 128 + 2 * 128 * 64]
+    import numpy as np
+    from napkin.lower import lower
+    kernel = lower(_down_projection(t=256, e=128, f=256), dict(g_t=64, g_e=64, s_f=64),
+                   interpret=True)
+    rng = np.random.default_rng(0)
+    g, u, w2, x = (rng.standard_normal(s).astype(np.float32)
+                   for s in [(256, 256), (256, 256), (256, 128), (256, 128)])
+    got = np.asarray(kernel(g, u, w2, x))
+    g, u, w2, x = (a.astype(np.float64) for a in (g, u, w2, x))
+    want = x + (g / (1 + np.exp(-g)) * u) @ w2
+    assert np.max(np.abs(got - want)) / np.max(np.abs(want)) < 1e-5
+    src = kernel.source(*[(256, 256), (256, 256), (256, 128), (256, 128)])
+    assert "x_ref[" in src and src.index("x_ref[") > src.index("lax.fori_loop")  # after it
+
+
+def test_a_dot_whose_operand_is_transposed_holds_it_in_registers():
+    """An output projection o[h, t, d] · wo[h, d, e] contracts h and d. Streamed over d, each
+    chunk (h, t, s_d) is transposed to (t, h·s_d) for the dot — through registers: ptxas
+    allocated 255 and spilled 1,456 B at 64 × 8 × 64 where the model counted 128
+    (benchmarks/cpu_proofs.py --block). The model counts the transposed operand; streamed
+    over h in chunks of one head (the leading reduced axis, as the product root streams
+    it), nothing is transposed and the kernel is a plain GEMM."""
+    import jax
+    import jax.numpy as jnp
+    import sympy
+    import napkin as nk
+    from napkin.search.engine import Evaluator, each_box_partitioned, each_product_partitioned
+
+    def out(o, wo):
+        return jnp.einsum("htd,hde->te", o, wo)
+    f32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)  # noqa: E731
+    d = nk.from_jax(out, f32(8, 2048, 128), f32(8, 128, 1024), axes=["h t d", "h d e"])
+    ev = Evaluator(H100, dict(h=8, t=2048, d=128, e=1024), "bf16")
+    by_d, _ = each_box_partitioned(d, ev)       # the largest reduced axis: d
+    by_h, _ = each_product_partitioned(d, ev)   # the leading one: h
+    env = dict(h=8, t=2048, d=128, e=1024, g_t=64, g_e=128, s_d=64, s_h=1)
+    regs = lambda p: max(value_at(sympy.sympify(r), env)  # noqa: E731
+                         for r in cost(p, H100, "bf16").kernels[0].registers)
+    assert regs(by_d) == 64 * 128 + 64 * 8 * 64     # the accumulator and the transposed chunk
+    assert regs(by_h) == 64 * 128                   # the accumulator alone
+
+
+def test_an_axis_one_operand_sums_alone_is_not_part_of_the_transpose():
+    """X[a, h]·Y[a] -> [] sums h inside X before the dot (found by the kernel fuzzer: the
+    count looked h up among the dot's axes and raised a KeyError); X[h, t, d]·W[h, d, e]
+    interleaves t between h and d."""
+    import sympy
+    from napkin.core.arrays import ArrayType, Axis
+    from napkin.core.primitives import merge_axes
+    from napkin.schedule.build import _relayout_values
+    ax = lambda n: Axis(n, sympy.Symbol(n))  # noqa: E731
+    t = lambda *ns: ArrayType(axes=tuple(ax(n) for n in ns), dtype="f32")  # noqa: E731
+    ins = (t("a", "h"), t("a"))
+    assert _relayout_values(ins, (), merge_axes(ins, "contract")) == 0
+    ins = (t("h", "t", "d"), t("h", "d", "e"))
+    moved = _relayout_values(ins, ("t", "e"), merge_axes(ins, "contract"))
+    assert value_at(moved, dict(h=8, t=64, d=64, e=128)) == 8 * 64 * 64
+    assert value_at(moved, dict(h=1, t=64, d=64, e=128)) == 0  # one head: no permutation
 
 
 def test_the_search_picks_tiles_that_launch():

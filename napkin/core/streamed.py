@@ -254,6 +254,20 @@ class Stream(Spec):
     def n_state(self) -> int:
         return len(self.init.cod)
 
+    @property
+    def finalize_only(self) -> frozenset:
+        """Positions (among the box's inputs) of the inputs that only the finalize reads
+        — a residual added to a GEMM's result —: a kernel loads them after the loop, so
+        they take no registers while it runs."""
+        from napkin.core.ir import view
+        g = view(self.update)
+        ins = g.graph["inputs"][self.n_state:]
+        outs = set(g.graph["outputs"])
+        types = array_types(self.update.dom)[self.n_state:]
+        return frozenset(j for j, (v, t) in enumerate(zip(ins, types))
+                         if not t.has(self.axis) and v not in outs
+                         and not list(g.successors(v)))
+
     def infer(self, ins):
         state = array_types(self.init.cod)
         want = array_types(self.update.dom)

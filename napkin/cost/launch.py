@@ -33,6 +33,7 @@ import sympy
 
 from napkin.cost.model import combined, compute_times, evaluate_on, fold, value_at
 from napkin.core.memo import IdentityMemo
+from napkin.schedule.nest import Loop, Move
 from napkin.schedule.resources import block_level
 
 REGISTER_OVERHEAD = 32  # [EST] registers a thread spends on indices, addresses and loop state
@@ -209,6 +210,14 @@ class Launches:
                 moved_b[lv] = moved_b.get(lv, 0) + sum(t.values(), 0)
         parts = [blocks * ev(moved_b.get(lv, 0)) / hw.level(lv).bandwidth_bytes_per_s
                  for lv in c.levels[1:]]
+        # re-reads of operands the L2 holds (the blocks of a grid read the same tiles of
+        # a broadcast input): HBM once, then L2's bandwidth (a part of their own where the
+        # profile has no L2 level, else the level under it already prices them)
+        hbm, l2_part = _l2_reuse(k, c, ev, blocks, totals)
+        if hbm is not None:
+            parts[0] = hbm / hw.level(c.levels[1]).bandwidth_bytes_per_s
+            if l2_part is not None:
+                parts.append(l2_part)
         # spilled registers: out and back every step, priced at the HBM rate (local
         # memory is backed by it, and a spilling kernel waits on every round trip)
         parts.append(2 * ctas * spilled * steps / hw.memory_bandwidth)
@@ -226,6 +235,59 @@ class Launches:
 
 _ON_GRID = IdentityMemo(20000)
 _SYMBOLS = IdentityMemo(20000)
+_WHOLE = IdentityMemo(20000)
+
+# [EST] the share of L2 the re-read operands of one kernel may take and still be read from
+# HBM once: H100's L2 is two partitions, and a line a far SM reads is copied into its near
+# one, so half the capacity holds distinct data
+L2_SHARE = 0.5
+
+
+def _l2_reuse(k, c, ev, blocks, totals):
+    """(bytes through the HBM level, seconds through L2) of kernel ``k`` where its blocks
+    re-read operands the L2 holds — each array's loads beyond the whole array cost HBM
+    nothing more while the arrays re-read fit :data:`L2_SHARE` of the L2 —, or
+    (None, None) where the profile states no L2.  The seconds are None where the profile's
+    hierarchy has an L2 level (the level under it prices the re-reads)."""
+    hw = c.hardware
+    if not hw.l2_bytes or not hw.l2_bytes_per_s:
+        return None, None
+    top = c.levels[1]
+    loads = totals.loads_b.get(top, {})
+    whole = _WHOLE.get((k,), lambda: _whole_bytes(k.loop, top))
+    total = {a: blocks * ev(b) for a, b in loads.items()}
+    once = {a: ev(whole[a]) for a in total if a in whole}
+    reread = sum((np.where(total[a] > once[a], once[a], 0.0) for a in once), 0.0)
+    fits = reread <= L2_SHARE * hw.l2_bytes
+    saved = sum((np.maximum(total[a] - once[a], 0.0) for a in once), 0.0)
+    stores = blocks * ev(sum(totals.stores_b.get(top, {}).values(), 0))
+    moved = sum(total.values(), 0.0) + stores
+    hbm = np.where(fits, moved - saved, moved)
+    l2 = None if "l2" in c.levels else moved / hw.l2_bytes_per_s
+    return hbm, l2
+
+
+def _whole_bytes(loop, level: str) -> dict:
+    """{array: bytes of the whole of what ``loop``'s loads into ``level`` read of it}: each
+    load's tile with the axes the loops around it tile at their full extent (the distinct
+    tiles of one array, summed: wires of one name)"""
+    seen: dict = {}
+
+    def walk(lp, full):
+        full = {lp.axis: lp.full, **full} if lp.axis and lp.full is not None else full
+        for it in lp.items:
+            if isinstance(it, Loop):
+                walk(it, full)
+            elif isinstance(it, Move) and it.kind == "load" and level in it.levels \
+                    and it.values != 0:
+                axes = tuple(sorted(a for a, _ in it.dst.axes))
+                values = sympy.Mul(*(full.get(a, size) for a, size in it.dst.axes))
+                seen[(it.array, axes)] = values * it.bytes / it.values
+    walk(loop, {})
+    out: dict = {}
+    for (a, _), b in seen.items():
+        out[a] = sympy.expand(out.get(a, 0) + b)
+    return out
 
 
 def read_symbols(k) -> set:

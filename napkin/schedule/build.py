@@ -33,13 +33,39 @@ _KERNELS = IdentityMemo(20000)  # a kernel's own nest, shared by every program t
 
 
 @functools.lru_cache(maxsize=4096)
-def _multiply_and_sum_values(m, n, k, batch, least):
-    """The registers of a contraction written as multiply-and-sum at these extents (sympy
+def _multiply_and_sum_values(m, n, k, batch, least, dot=ZERO):
+    """The registers of a contraction written as multiply-and-sum at these extents, else
+    ``dot``'s (a tensor-core dot's operands relaid out through registers) — sympy
     expressions: cached by value; building Min over symbolic tiles compares its arguments
-    pairwise, a few milliseconds each, and the search meets the same shapes in every state)."""
+    pairwise, a few milliseconds each, and the search meets the same shapes in every state."""
     return sympy.Piecewise((m * n * k * batch, sympy.Or(sympy.Lt(sympy.Min(m, n, k), least),
                                                         sympy.Gt(batch, 1))),
-                           (0, True))
+                           (dot, True))
+
+
+def _relayout_values(ins, out, size) -> sympy.Expr:
+    """The values of a tensor-core dot's operands that a kernel transposes before the dot
+    (napkin.lower.emit's ``_dot``: an operand whose free and contracted axes interleave — the
+    heads of an output projection's (h, t, d) tile, contracted over h and d — is permuted to
+    (t, h·d)); a permutation of axes of more than one entry each goes through registers: ptxas
+    allocated 255 registers and spilled 1,456 B for a 64 × 8 × 64 tile the model had at 64
+    (benchmarks/cpu_proofs.py --block)."""
+    la, lb = ([x.name for x in t.axes] for t in ins)
+    batch = [c for c in out if c in la and c in lb]
+    contracted = [c for c in la if c in lb and c not in out]
+    total = ZERO
+    for mine, other in ((la, lb), (lb, la)):
+        free = [c for c in out if c in mine and c not in other]
+        core = [c for c in mine if c not in batch and (c in other or c in out)]  # (an axis
+        # only this operand carries, and the output lacks, is summed before the dot)
+        order = contracted + free if core == contracted + free else free + contracted
+        rank = {c: i for i, c in enumerate(order)}
+        swapped = [sympy.Min(size[x].size, size[y].size)
+                   for i, x in enumerate(core) for y in core[i + 1:] if rank[x] > rank[y]]
+        if swapped:
+            values = sympy.Mul(*(size[c].size for c in mine))
+            total += sympy.Piecewise((values, sympy.Gt(sympy.Max(*swapped), 1)), (0, True))
+    return total
 
 
 class ScheduleError(NapkinError):
@@ -192,7 +218,8 @@ class _Builder:
         batch = prod((a & b) & out)
         if not (a & b) - out:
             return None  # an outer product: elementwise, no transient beyond its output
-        return _multiply_and_sum_values(m, n, k, batch, self.mma.get("dot_min", 1))
+        moved = _relayout_values(ins, spec.out, size)
+        return _multiply_and_sum_values(m, n, k, batch, self.mma.get("dot_min", 1), moved)
 
     def _contraction(self, box, ins, outs, R):
         """Record a contraction for the lower bounds, and the tensor-core multiples its
@@ -347,14 +374,19 @@ class _Builder:
         self.streams += other.streams
 
     # -- bodies ------------------------------------------------------------------------------
-    def body(self, loop: Loop, D, L, R, in_refs, in_home, out_refs, out_home, reusable=()):
+    def body(self, loop: Loop, D, L, R, in_refs, in_home, out_refs, out_home, reusable=(),
+             held=()):
         """Fill ``loop`` with diagram ``D`` running at level ``L`` (``R`` times in all).
 
         in_home[i]: level where input i lives (== L: resident, held by the caller; above L: a
         view, loaded on first use by a box of this body).  out_home[j]: where output j goes
         (== L: the caller holds the buffer; above L: stored when produced).  ``reusable``:
         input positions whose buffers this body may overwrite once they die (a stream's
-        state in its finalizer).  The liveness goes into ``loop.holds`` / ``loop.children``."""
+        state in its finalizer).  ``held``: input positions whose registers the caller counts
+        (a stream's chunks only elementwise boxes read): a value an elementwise box writes over
+        one of them where it dies takes no registers of its own (gate·silu·up before the
+        down projection, a norm's x·r·g before its GEMM: in place, as a compiler writes it).
+        The liveness goes into ``loop.holds`` / ``loop.children``."""
         g = view(D)
         order = op_order(g)
         pos = {n: i for i, n in enumerate(order)}
@@ -368,6 +400,8 @@ class _Builder:
         fused_step: dict = {}                 # value -> the fused Step computing it
         fused_need: dict = {}                 # value -> values live while its tree computes
         reuse = {ins[i] for i in reusable}
+        free = {ins[i] for i in held}
+        reuse |= free
         ob = lambda v: g.nodes[v]["ob"]  # noqa: E731
         cons = {v: sorted(pos[c] for c in g.successors(v)) for v in g.nodes
                 if g.nodes[v]["kind"] == "value"}
@@ -498,6 +532,7 @@ class _Builder:
                                     and w not in out_home_of and nonneg(self.size(ob(w))[1] - vb):
                                 reused.add(w)
                                 start, inplace = i + 1, ref[w]
+                                counted = counted and w not in free
                                 break
                     buf = self.buffer(ob(v), L, "temp" if v not in out_home_of else "tile")
                     buf.counted, buf.in_place_of = counted, inplace
@@ -527,20 +562,23 @@ class _Builder:
         self.streams.append((spec.rule, axis))
         n_state = spec.n_state
         up_dom = spec.update.dom.inside
-        chunk_v, chunk_b, chunked = ZERO, ZERO, []
+        chunk_v, chunk_b, chunked, staged = ZERO, ZERO, [], set()
         staged_v, staged_b = ZERO, ZERO     # the chunks a contraction reads
         scratch = ZERO                      # the largest chunk converted to a dot's layout
         up_graph = view(spec.update)
         up_ins = up_graph.graph["inputs"]
+        late = spec.finalize_only  # loaded by the finalize, after the loop
         for j, v in enumerate(node["ins"]):
             if not g.nodes[v]["ob"].type.has(axis):
-                ensure(v, i)
+                if j not in late:
+                    ensure(v, i)
             elif home[v] < L:
                 chunked.append(j)
                 cv, cb = self.size(up_dom[n_state + j])
                 chunk_v += cv * self.stages  # software pipelining: `stages` chunks in flight
                 chunk_b += cb * self.stages
                 if _feeds_contraction(up_graph, up_ins[n_state + j]):
+                    staged.add(j)
                     staged_v += cv * self.stages
                     staged_b += cb * self.stages
                 elif _meets_product(up_graph, up_ins[n_state + j]):
@@ -572,7 +610,8 @@ class _Builder:
                     refs.append(buf)
                 else:
                     refs.append(ref[v])
-            self.body(up, spec.update, L, R * N, refs, [L] * len(up_dom), nexts, [L] * n_state)
+            self.body(up, spec.update, L, R * N, refs, [L] * len(up_dom), nexts, [L] * n_state,
+                      held=[n_state + j for j in chunked if j not in staged])
             written = {id(b) for it in up.items if isinstance(it, Step) for b in it.outs if b}
             moved = tuple((s, nx) for s, nx in zip(state, nexts) if id(nx) in written)
             if moved:
@@ -581,8 +620,9 @@ class _Builder:
         finally:
             self.stream_ctx.pop()
         fin = self.open(Loop("section", self.names[L], note=f"finalize {spec.rule}"))
-        fin_refs = state + [ref[v] for v in node["ins"] if not g.nodes[v]["ob"].type.has(axis)]
-        self.body(fin, spec.finalize, L, R, fin_refs, [L] * len(spec.finalize.dom),
+        fixed = [v for v in node["ins"] if not g.nodes[v]["ob"].type.has(axis)]
+        self.body(fin, spec.finalize, L, R, state + [ref[v] for v in fixed],
+                  [L] * n_state + [home[v] for v in fixed],
                   [r for _, r in landed], [h for h, _ in landed], reusable=range(n_state))
         self.close(fin)
         flush()

@@ -292,7 +292,8 @@ class _Spelling:
         # equal parts (lax.split), and the stream runs unrolled, one call per chunk
         computed = [i for i in streamed if not isinstance(args[i], RefWire)]
         pieces = {i: self.split(args[i], ins[i], ax, sp) for i in computed}
-        fixed = [self.load(a) if isinstance(a, RefWire) else a
+        late = spec.finalize_only  # read after the loop only: loaded there
+        fixed = [a if i in late or not isinstance(a, RefWire) else self.load(a)
                  for i, a in enumerate(args) if i not in streamed]
         n_full, tail = sp.full, sp.tail
         w.line()
@@ -348,7 +349,8 @@ class _Spelling:
                          for var, ob in zip(state, spec.init.cod.inside)]
                 w.line(f"{', '.join(v.name for v in st_in)}{',' if len(st_in) == 1 else ''} "
                        f"= carry")
-            chunk_args = [self.load(a) if isinstance(a, RefWire) else a for a in wires]
+            chunk_args = [self.load(a) if isinstance(a, RefWire) and i not in late else a
+                          for i, a in enumerate(wires)]
             new = self.run(spec.update, sub, st_in + chunk_args, valid=(ax, ok))
             outs = []
             for var, init in zip(new, state):
@@ -427,6 +429,7 @@ class _Spelling:
                 state = unpack(f"lax.fori_loop({start}, {hi}, {tail_fn}, "
                                f"{carry(state)})  # the ragged tail: 0 or 1 trip")
         fin = EvalContext(env, ctx.offsets, xp)
+        fixed = [self.load(a) if isinstance(a, RefWire) else a for a in fixed]
         return self.run(spec.finalize, fin, state + fixed)
 
     def chunk_visit(self, sp, ctx, wires, ok):
