@@ -367,29 +367,66 @@ def test_the_same_question_is_answered_once_and_another_is_searched():
     assert search(d, "h100", sizes, "f32", **few) is not first
 
 
-def test_the_search_is_never_slower_than_a_kernel_per_box():
-    """A SwiGLU MLP from plain JAX at LLaMA-like sizes: from the algorithm alone the search's
-    group moves take the largest region, and all it reached in its patience was the whole
-    MLP as one kernel (a 4,096-wide row of gate and up per block: 36 ms, spilling). The
-    program where every box is a kernel of its own is a root of every search too, so the
-    answer is never slower than it (0.30 ms), and the one-kernel program is an alternative
-    that loses."""
+def _swiglu_mlp(t=2048, e=1024, f=4096):
+    """RMSNorm → silu(h·W1)·(h·W3) → ·W2 + x from plain JAX, at LLaMA-like sizes."""
     import jax
     import jax.numpy as jnp
     import napkin as nk
-    from napkin.search.engine import Evaluator, kernel_per_box
 
     def mlp(x, g, w1, w3, w2):
         h = x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + 1e-6) * g
         return x + (jax.nn.silu(h @ w1) * (h @ w3)) @ w2
     f32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)  # noqa: E731
-    t, e, f = 2048, 1024, 4096
     d = nk.from_jax(mlp, f32(t, e), f32(e), f32(e, f), f32(e, f), f32(f, e),
                     axes=["t e", "e", "e f", "e f", "f e"])
-    sizes = dict(t=t, e=e, f=f)
+    return d, dict(t=t, e=e, f=f)
+
+
+def test_the_search_is_never_slower_than_a_kernel_per_box():
+    """A SwiGLU MLP from plain JAX at LLaMA-like sizes: from the algorithm alone the search's
+    group moves take the largest region, and all it reached in its patience was the whole
+    MLP as one kernel (a 4,096-wide row of gate and up per block: 36 ms, spilling). The
+    program where every box is a kernel of its own is a root of every search too, so the
+    answer is never slower than it (0.14 ms), and the one-kernel program is an alternative
+    that loses."""
+    from napkin.search.engine import Evaluator, kernel_per_box
+    d, sizes = _swiglu_mlp()
     r = search(d, H100, sizes, "bf16")
     apart = kernel_per_box(d, Evaluator(H100, sizes, "bf16"))
     assert r.best.feasible and r.best.time_s <= apart.time_s * (1 + 1e-9) < 1e-3
     states = [r.graph.nodes[n]["state"] for n in r.graph.nodes]
     whole = [s.time_s for s in states if s.feasible and len(s.program.boxes) == 1]
     assert whole and min(whole) > 10 * r.best.time_s
+
+
+def test_each_product_with_its_riders_is_a_root_the_experts_kernels():
+    """The same MLP: a kernel per box pays a pass through HBM for every elementwise box
+    (the norm's scalings, silu, the gate's product, the residual). Every search also starts
+    from each product or reduction a kernel with the elementwise boxes that ride with it
+    (napkin.search.pieces.cuts, one product a piece): the norm's statistic, the gate and the
+    up projection each with the norm's scaling as prologue, the down projection with
+    silu(gate)·up as prologue and the residual as epilogue — four kernels, none an
+    elementwise box alone, faster than a kernel per box."""
+    from napkin.core.ir import primitive_boxes
+    from napkin.search import apply_move
+    from napkin.search.engine import (Evaluator, State, each_product_partitioned,
+                                      eager_moves, kernel_per_box)
+    from napkin.search.pieces import _top
+    d, sizes = _swiglu_mlp()
+    ev = Evaluator(H100, sizes, "bf16")
+    start, eager = eager_moves(d)  # (the norm's statistic recomputed for each reader)
+    program, chain = each_product_partitioned(start, ev)
+    chain = (*eager, *chain)
+    kernels = [[p.name for p in primitive_boxes(b)] for b in _top(program)]
+    assert len(kernels) == 4, kernels
+    gemms = [k for k in kernels if "Σ chunk" in k and "square" not in k]
+    assert len(gemms) == 3 and all(k.count("mul") >= 1 for k in gemms)
+    (down,) = [k for k in gemms if "silu" in k]
+    assert "mul" in down and down.count("add") >= 2  # silu·up before, the residual after
+    state = State("products", program, tuple(chain))
+    ev(state)
+    assert state.feasible and state.time_s < 0.9 * kernel_per_box(d, ev).time_s
+    replayed = d  # each step a rule application: a chain the checker replays
+    for mv in chain:
+        replayed = apply_move(replayed, mv)
+    assert [b.name for b in _top(replayed)] == [b.name for b in _top(program)]

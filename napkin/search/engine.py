@@ -547,7 +547,8 @@ def in_pieces(start, ev, max_states: int, seconds: float, patience: int | None =
     return searched_in_pieces(
         start, ev, max_states, seconds, apply=apply_move, complete=each_box_partitioned,
         search=lambda sub, states, secs, since: _best_first(
-            [sub], ev, states, secs, since, algorithm=sub, patience=patience).best)
+            [sub, *_apart((sub, ()), ev)], ev, states, secs, since, algorithm=sub,
+            patience=patience).best)
 
 
 def _search(diagram, hardware, sizes, dtype, max_states, max_seconds, objective, keep, levels,
@@ -565,7 +566,7 @@ def _search(diagram, hardware, sizes, dtype, max_states, max_seconds, objective,
     # search's patience can end among one-kernel programs that spill); from the algorithm
     # as written too, where the eager recomputations would cost such a program a pass more
     # (built only where an eager move changed it: the same program twice is one root)
-    apart = [_each_box(start, two)] + ([_each_box((diagram, ()), two)] if start[1] else [])
+    apart = _apart(start, two) + ([_each_box((diagram, ()), two)] if start[1] else [])
     roots = [start, *apart] if pieced is None else [pieced, *apart]
     if levels == "all":
         coarse = _best_first(roots, two, max_states, max_seconds, t0, commute=commute,
@@ -940,6 +941,16 @@ def kernel_per_box(diagram, ev: Evaluator) -> State | None:
     return state if state.feasible and not state.error else None
 
 
+def _apart(start, ev) -> list:
+    """The roots every search also starts from, ``start`` (a (program, chain) pair) made
+    kernels: one per box, and one per product with its elementwise riders."""
+    program, chain = each_product_partitioned(start[0], ev)
+    if any(not b.dom.inside for b in _top_boxes(program)):
+        return [_each_box(start, ev)]  # a value made from no input (T5's positions) left at
+        # the top: a kernel of no inputs, which no backend writes
+    return [_each_box(start, ev), (program, (*start[1], *chain))]
+
+
 def _each_box(start, ev) -> tuple:
     """(program, chain): ``start`` (a (program, chain) pair) with every box a kernel."""
     program, chain = each_box_partitioned(start[0], ev)
@@ -995,6 +1006,88 @@ def each_box_partitioned(diagram, ev: Evaluator) -> tuple:
                 chain.append(mv)
                 break
     return program, chain
+
+
+def each_product_partitioned(diagram, ev: Evaluator) -> tuple:
+    """(program, chain): every product or reduction of ``diagram`` a kernel of its own with
+    the elementwise boxes that ride with it (its prologue — a norm's scaling before its
+    GEMM, a gate's silu·up before the down projection — and its epilogue — a residual
+    add: :func:`napkin.search.pieces.cuts` with one reducing box a piece), grouped over its
+    outputs' axes and streamed over the largest axis it reduces; what no rule takes
+    whole is left to :func:`each_box_partitioned`.  The expert's decomposition of a
+    layer, as a root the search refines (a kernel per box pays a pass through HBM for
+    every elementwise box)."""
+    from napkin.search.pieces import cuts
+    program, chain, failed = diagram, [], set()
+    for _ in range(len(op_order(view(diagram)))):
+        g = view(program)
+        order = op_order(g)
+        made = lambda r: len(r) == 1 and (  # noqa: E731 - a kernel already
+            g.nodes[order[r[0]]]["box"].spec.kind in ("group", "stream"))
+        todo = [r for r in cuts(program, ev, most=1) if not made(r)
+                and frozenset(id(g.nodes[order[i]]["box"]) for i in r) not in failed]
+        if not todo:
+            break
+        run = todo[0]
+        made = _partition_run(program, run, ev)
+        if made is None:
+            failed.add(frozenset(id(g.nodes[order[i]]["box"]) for i in run))
+            continue
+        program, moves = made
+        chain += moves
+    program, rest = each_box_partitioned(program, ev)
+    return program, (*chain, *rest)
+
+
+def _partition_run(program, run, ev):
+    """(program, moves): the top-level ops ``run`` of ``program`` one kernel — grouped over
+    each axis of the region's outputs, streamed over the largest axis it reduces — or None
+    where a rule refuses (the run is left to a kernel per box)."""
+    from napkin.core.region import body_at, region
+    g = view(program)
+    reg = region(g, list(run))
+    outs = list(dict.fromkeys(a for v in reg.outputs for a in g.nodes[v]["ob"].type.names))
+    ins = dict.fromkeys(a for v in reg.inputs for a in g.nodes[v]["ob"].type.names)
+    # the stream takes the reduced axis that leads the region's inputs (an output
+    # projection's heads before their dimension: a chunk of one head per step is a plain
+    # GEMM, a chunk of the dimension across all heads a transposed one)
+    reduced = [a for a in ins if a not in outs]
+    moves, path, site = [], (), Site((), tuple(sorted(run)))
+    try:
+        for axis in outs:
+            mv = Move("group_partition", site, (("axis", axis),))
+            before = {id(b) for b in _top_boxes(program)}
+            program = RULES["group_partition"].apply(program, site, {"axis": axis})
+            moves.append(mv)
+            if not path:  # the kernel: the one top-level box the move made
+                made = [i for i, b in enumerate(_top_boxes(program)) if id(b) not in before]
+                if len(made) != 1:
+                    return None
+                path = (made[0],)
+            else:
+                path = (*path, 0)
+            site = Site(path, tuple(range(len(op_order(view(body_at(program, path)))))))
+        if not moves:
+            return None
+        for axis in reduced[:1]:
+            for cand, params in RULES["stream_partition"].candidates(program, path):
+                if params.get("axis") != axis:
+                    continue
+                try:
+                    new = RULES["stream_partition"].apply(program, cand, params)
+                except Exception:  # noqa: BLE001 - a refusal (as in the search)
+                    continue
+                program = new
+                moves.append(Move("stream_partition", cand, tuple(sorted(params.items()))))
+                break
+    except Exception:  # noqa: BLE001 - a refusal, whatever raised it (as in the search)
+        return None
+    return program, moves
+
+
+def _top_boxes(program) -> list:
+    g = view(program)
+    return [g.nodes[n]["box"] for n in op_order(g)]
 
 
 def _axis_size(box, axis: str):

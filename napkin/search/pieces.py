@@ -8,7 +8,9 @@ products that read them or that they finish — a norm's scaling is its GEMM's p
 residual add the output projection's epilogue —, then boxes are joined along their
 values, the largest first: the attention scores' |h|·|t|² stay inside a piece, a
 residual's |t|·|e| is cut), and each piece is searched as a diagram of its own, in a share
-of the time.  Each run's best chain is then replayed on the whole program —
+of the time — from the piece and from its boxes apart (a kernel per box, and a kernel per
+product with its riders: :func:`cuts` with one product a piece), so no piece's answer is
+slower than those.  Each run's best chain is then replayed on the whole program —
 its sites translated box by box (a rule leaves the boxes outside its site as they were, so
 a run's boxes are followed through its moves by identity) — so the result is one chain of
 rule applications on the whole algorithm, a certificate like any other.  Boxes a piece left
@@ -41,7 +43,7 @@ ALONG = 16
 STATES = 300
 
 
-def cuts(program, ev) -> list[list[int]]:
+def cuts(program, ev, most: int = MOST) -> list[list[int]]:
     """The top-level op indices of ``program`` in convex pieces of at most :data:`MOST`
     boxes that reduce (and :data:`ALONG` in all).  An elementwise box first joins its only
     reader (a norm's scaling, a residual add recomputed per reader: the prologue of the
@@ -60,7 +62,7 @@ def cuts(program, ev) -> list[list[int]]:
 
     def join(i, j) -> bool:
         merged = piece[i] | piece[j]
-        if piece[i] is piece[j] or sum(not light[k] for k in merged) > MOST \
+        if piece[i] is piece[j] or sum(not light[k] for k in merged) > most \
                 or len(merged) > ALONG or not _convex(g, merged):
             return False
         for k in merged:
