@@ -430,3 +430,15 @@ def test_each_product_with_its_riders_is_a_root_the_experts_kernels():
     for mv in chain:
         replayed = apply_move(replayed, mv)
     assert [b.name for b in _top(replayed)] == [b.name for b in _top(program)]
+    # siblings: the gate and the up projection reduce one normed x to outputs over (t, f):
+    # one kernel, one pass over x with two accumulators, silu(gate)·up its epilogue — the
+    # MLP as two GEMMs (and the norm's statistic), faster still, and the search's answer
+    two, more = each_product_partitioned(start, ev, siblings=True)
+    kernels = [[p.name for p in primitive_boxes(b)] for b in _top(two)]
+    assert len(kernels) == 3, kernels
+    (gate_up,) = [k for k in kernels if k.count("Σ chunk") == 2]
+    assert "silu" in gate_up and gate_up.count("mul") >= 5
+    fused = State("siblings", two, (*eager, *more))
+    ev(fused)
+    assert fused.feasible and fused.time_s < 0.95 * state.time_s
+    assert search(d, H100, sizes, "bf16").best.time_s <= fused.time_s * (1 + 1e-9)

@@ -944,11 +944,14 @@ def kernel_per_box(diagram, ev: Evaluator) -> State | None:
 def _apart(start, ev) -> list:
     """The roots every search also starts from, ``start`` (a (program, chain) pair) made
     kernels: one per box, and one per product with its elementwise riders."""
-    program, chain = each_product_partitioned(start[0], ev)
-    if any(not b.dom.inside for b in _top_boxes(program)):
-        return [_each_box(start, ev)]  # a value made from no input (T5's positions) left at
-        # the top: a kernel of no inputs, which no backend writes
-    return [_each_box(start, ev), (program, (*start[1], *chain))]
+    roots = [_each_box(start, ev)]
+    for siblings in (False, True):
+        program, chain = each_product_partitioned(start[0], ev, siblings)
+        if any(not b.dom.inside for b in _top_boxes(program)):
+            continue  # a value made from no input (T5's positions) left at the top: a
+            # kernel of no inputs, which no backend writes
+        roots.append((program, (*start[1], *chain)))
+    return roots
 
 
 def _each_box(start, ev) -> tuple:
@@ -1008,35 +1011,81 @@ def each_box_partitioned(diagram, ev: Evaluator) -> tuple:
     return program, chain
 
 
-def each_product_partitioned(diagram, ev: Evaluator) -> tuple:
+def each_product_partitioned(diagram, ev: Evaluator, siblings: bool = False) -> tuple:
     """(program, chain): every product or reduction of ``diagram`` a kernel of its own with
     the elementwise boxes that ride with it (its prologue — a norm's scaling before its
     GEMM, a gate's silu·up before the down projection — and its epilogue — a residual
     add: :func:`napkin.search.pieces.cuts` with one reducing box a piece), grouped over its
-    outputs' axes and streamed over the largest axis it reduces; what no rule takes
-    whole is left to :func:`each_box_partitioned`.  The expert's decomposition of a
+    outputs' axes and streamed over the reduced axis that leads its inputs; what no rule
+    takes whole is left to :func:`each_box_partitioned`.  The expert's decomposition of a
     layer, as a root the search refines (a kernel per box pays a pass through HBM for
-    every elementwise box)."""
+    every elementwise box).  ``siblings``: two products that reduce one input to outputs
+    of the same axes (a gate's and an up projection's GEMMs) share a kernel — one pass over
+    the input, an accumulator each — with the elementwise boxes that read only what they
+    make as its epilogue (silu(gate)·up)."""
     from napkin.search.pieces import cuts
     program, chain, failed = diagram, [], set()
     for _ in range(len(op_order(view(diagram)))):
         g = view(program)
         order = op_order(g)
-        made = lambda r: len(r) == 1 and (  # noqa: E731 - a kernel already
+        ids = lambda r: frozenset(id(g.nodes[order[i]]["box"]) for i in r)  # noqa: E731
+        done = lambda r: len(r) == 1 and (  # noqa: E731 - a kernel already
             g.nodes[order[r[0]]]["box"].spec.kind in ("group", "stream"))
-        todo = [r for r in cuts(program, ev, most=1) if not made(r)
-                and frozenset(id(g.nodes[order[i]]["box"]) for i in r) not in failed]
+        runs = cuts(program, ev, most=1)
+        if siblings:
+            runs = _merge_siblings(g, order, runs)
+        todo = [r for r in runs if not done(r) and ids(r) not in failed]
         if not todo:
             break
-        run = todo[0]
-        made = _partition_run(program, run, ev)
+        made = _partition_run(program, todo[0], ev)
         if made is None:
-            failed.add(frozenset(id(g.nodes[order[i]]["box"]) for i in run))
+            failed.add(ids(todo[0]))
             continue
         program, moves = made
         chain += moves
     program, rest = each_box_partitioned(program, ev)
     return program, (*chain, *rest)
+
+
+def _merge_siblings(g, order, runs) -> list:
+    """``runs`` with the first pair of sibling products merged (see
+    :func:`each_product_partitioned`), or as they are."""
+    light = lambda i: getattr(g.nodes[order[i]]["box"].spec, "elementwise", False)  # noqa: E731
+    axes = lambda vs: {a for v in vs for a in g.nodes[v]["ob"].type.names}  # noqa: E731
+
+    def product(r):
+        heavy = [i for i in r if not light(i)]
+        if len(heavy) != 1 or g.nodes[order[heavy[0]]]["box"].spec.kind in ("group", "stream"):
+            return None
+        node = g.nodes[order[heavy[0]]]
+        reduced = axes(node["ins"]) - axes(node["outs"])
+        inputs = {v for i in r for v in g.nodes[order[i]]["ins"]
+                  if all(m not in {order[j] for j in r} for m in g.predecessors(v))}
+        return frozenset(axes(node["outs"])), reduced, inputs
+
+    facts = [product(r) for r in runs]
+    for a in range(len(runs)):
+        for b in range(a + 1, len(runs)):
+            if facts[a] is None or facts[b] is None or facts[a][0] != facts[b][0] \
+                    or not facts[a][1] or facts[a][1] != facts[b][1]:
+                continue
+            shared = facts[a][2] & facts[b][2]
+            if not any(g.nodes[v]["ob"].type.has(x) for v in shared for x in facts[a][1]):
+                continue
+            merged = set(runs[a]) | set(runs[b])
+            makes = {v for i in merged for v in g.nodes[order[i]]["outs"]}
+            for k, r in enumerate(runs):  # the epilogue: light boxes of others reading it
+                if k in (a, b):
+                    continue
+                for i in sorted(r):
+                    ins = g.nodes[order[i]]["ins"]
+                    if light(i) and ins and all(v in makes for v in ins):
+                        merged.add(i)
+                        makes.update(g.nodes[order[i]]["outs"])
+            out = [sorted(merged) if k == a else sorted(set(r) - merged)  # in order: what
+                   for k, r in enumerate(runs) if k != b]  # makes its inputs goes first
+            return [r for r in out if r]
+    return runs
 
 
 def _partition_run(program, run, ev):
@@ -1070,9 +1119,11 @@ def _partition_run(program, run, ev):
         if not moves:
             return None
         for axis in reduced[:1]:
-            for cand, params in RULES["stream_partition"].candidates(program, path):
-                if params.get("axis") != axis:
-                    continue
+            # the largest region first: the whole body, else all the reductions that read
+            # one input (siblings' accumulators in one stream)
+            cands = sorted(((c, p) for c, p in RULES["stream_partition"].candidates(
+                program, path) if p.get("axis") == axis), key=lambda cp: -len(cp[0].ops))
+            for cand, params in cands:
                 try:
                     new = RULES["stream_partition"].apply(program, cand, params)
                 except Exception:  # noqa: BLE001 - a refusal (as in the search)
