@@ -81,7 +81,7 @@ def test_the_pieces_chains_replay_on_the_whole_block_as_one_chain():
     ev = Evaluator("h100", d.sizes, "f32")
     # bounded by states, not seconds: a time budget made the result depend on the machine's load
     program, chain = in_pieces(start, ev, 20, 600.0)
-    top = pieces._top(program)
+    top = pieces.top_boxes(program)
     assert all(b.spec.kind in ("group", "stream") for b in top)  # every box in a kernel
     moves = [(m.rule, m.params_dict.get("axis")) for m in chain]
     assert ("stream_partition", "t_2") in moves  # the keys streamed: FlashAttention
@@ -101,7 +101,7 @@ def test_the_pieces_chains_replay_on_the_whole_block_as_one_chain():
     replayed = d  # one chain of rule applications on the whole algorithm: a certificate's
     for mv in chain:
         replayed = apply_move(replayed, mv)
-    assert [b.name for b in pieces._top(replayed)] == [b.name for b in top]
+    assert [b.name for b in pieces.top_boxes(replayed)] == [b.name for b in top]
     # priced as the search prices it, each kernel's tiles its own (napkin.core.retile): the
     # kernels' row tiles are not all one (one name per axis forced attention's on the MLP)
     from napkin.core.retile import untied

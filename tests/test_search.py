@@ -411,13 +411,13 @@ def test_each_product_with_its_riders_is_a_root_the_experts_kernels():
     from napkin.search import apply_move
     from napkin.search.engine import (Evaluator, State, each_product_partitioned,
                                       eager_moves, kernel_per_box)
-    from napkin.search.pieces import _top
+    from napkin.search.pieces import top_boxes
     d, sizes = _swiglu_mlp()
     ev = Evaluator(H100, sizes, "bf16")
     start, eager = eager_moves(d)  # (the norm's statistic recomputed for each reader)
     program, chain = each_product_partitioned(start, ev)
     chain = (*eager, *chain)
-    kernels = [[p.name for p in primitive_boxes(b)] for b in _top(program)]
+    kernels = [[p.name for p in primitive_boxes(b)] for b in top_boxes(program)]
     assert len(kernels) == 4, kernels
     gemms = [k for k in kernels if "Σ chunk" in k and "square" not in k]
     assert len(gemms) == 3 and all(k.count("mul") >= 1 for k in gemms)
@@ -429,12 +429,12 @@ def test_each_product_with_its_riders_is_a_root_the_experts_kernels():
     replayed = d  # each step a rule application: a chain the checker replays
     for mv in chain:
         replayed = apply_move(replayed, mv)
-    assert [b.name for b in _top(replayed)] == [b.name for b in _top(program)]
+    assert [b.name for b in top_boxes(replayed)] == [b.name for b in top_boxes(program)]
     # siblings: the gate and the up projection reduce one normed x to outputs over (t, f):
     # one kernel, one pass over x with two accumulators, silu(gate)·up its epilogue — the
     # MLP as two GEMMs (and the norm's statistic), faster still, and the search's answer
     two, more = each_product_partitioned(start, ev, siblings=True)
-    kernels = [[p.name for p in primitive_boxes(b)] for b in _top(two)]
+    kernels = [[p.name for p in primitive_boxes(b)] for b in top_boxes(two)]
     assert len(kernels) == 3, kernels
     (gate_up,) = [k for k in kernels if k.count("Σ chunk") == 2]
     assert "silu" in gate_up and gate_up.count("mul") >= 5

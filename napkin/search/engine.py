@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 import networkx as nx
 import sympy
 
+from napkin.search.pieces import top_boxes
 from napkin.search.canonical import canonical_hash, same_program
 from napkin.certify.certificate import fingerprint, render
 from napkin.core.errors import NapkinError
@@ -947,7 +948,7 @@ def _apart(start, ev) -> list:
     roots = [_each_box(start, ev)]
     for siblings in (False, True):
         program, chain = each_product_partitioned(start[0], ev, siblings)
-        if any(not b.dom.inside for b in _top_boxes(program)):
+        if any(not b.dom.inside for b in top_boxes(program)):
             continue  # a value made from no input (T5's positions) left at the top: a
             # kernel of no inputs, which no backend writes
         roots.append((program, (*start[1], *chain)))
@@ -1090,8 +1091,8 @@ def _merge_siblings(g, order, runs) -> list:
 
 def _partition_run(program, run, ev):
     """(program, moves): the top-level ops ``run`` of ``program`` one kernel — grouped over
-    each axis of the region's outputs, streamed over the largest axis it reduces — or None
-    where a rule refuses (the run is left to a kernel per box)."""
+    each axis of the region's outputs, streamed over the reduced axis that leads its inputs
+    — or None where a rule refuses (the run is left to a kernel per box)."""
     from napkin.core.region import body_at, region
     g = view(program)
     reg = region(g, list(run))
@@ -1105,11 +1106,11 @@ def _partition_run(program, run, ev):
     try:
         for axis in outs:
             mv = Move("group_partition", site, (("axis", axis),))
-            before = {id(b) for b in _top_boxes(program)}
+            before = {id(b) for b in top_boxes(program)}
             program = RULES["group_partition"].apply(program, site, {"axis": axis})
             moves.append(mv)
             if not path:  # the kernel: the one top-level box the move made
-                made = [i for i, b in enumerate(_top_boxes(program)) if id(b) not in before]
+                made = [i for i, b in enumerate(top_boxes(program)) if id(b) not in before]
                 if len(made) != 1:
                     return None
                 path = (made[0],)
@@ -1134,11 +1135,6 @@ def _partition_run(program, run, ev):
     except Exception:  # noqa: BLE001 - a refusal, whatever raised it (as in the search)
         return None
     return program, moves
-
-
-def _top_boxes(program) -> list:
-    g = view(program)
-    return [g.nodes[n]["box"] for n in op_order(g)]
 
 
 def _axis_size(box, axis: str):

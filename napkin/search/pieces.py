@@ -113,7 +113,7 @@ def searched_in_pieces(start, ev, max_states: int, seconds: float, *, search, co
     program, chain = start
     if len(op_order(view(program))) <= ABOVE:
         return None
-    if any(not b.dom.inside for b in _top(program)):
+    if any(not b.dom.inside for b in top_boxes(program)):
         return None  # a value made from no input (T5's bucket index): no kernel of its own
     runs = [r for r in cuts(program, ev) if len(r) > 1 or _reduces(program, r[0])]
     end = time.perf_counter() + seconds
@@ -152,7 +152,8 @@ def _reduces(program, index) -> bool:
     return not getattr(g.nodes[op_order(g)[index]]["box"].spec, "elementwise", False)
 
 
-def _top(program) -> list:
+def top_boxes(program) -> list:
+    """The top-level boxes of ``program``, in order."""
     g = view(program)
     return [g.nodes[n]["box"] for n in op_order(g)]
 
@@ -161,10 +162,10 @@ def _replay(program, sub, boxes, moves, apply):
     """``moves`` (a chain on ``sub``, whose top-level boxes stand for ``boxes`` of
     ``program``) applied to ``program``: (the program, the moves) — or ``program`` and no
     moves where one does not apply (a prefix of a piece's chain need not fit on chip)."""
-    corr = {id(s): f for s, f in zip(_top(sub), boxes)}  # sub's box -> program's box
+    corr = {id(s): f for s, f in zip(top_boxes(sub), boxes)}  # sub's box -> program's box
     done, original = [], program
     for mv in moves:
-        s_top, f_top = _top(sub), _top(program)
+        s_top, f_top = top_boxes(sub), top_boxes(program)
         # rules memoise boxes by content, so one object may stand at several positions (the
         # K and V projections of one x; a residual x + o read four times): the piece's k-th
         # box standing for a program object is that object's k-th place in the program (the
@@ -186,8 +187,8 @@ def _replay(program, sub, boxes, moves, apply):
             new_prog, new_sub = apply(program, moved), apply(sub, mv)
         except NapkinError:
             return original, []  # the whole program refuses it (a value read elsewhere)
-        made_s = _made(s_top, _top(new_sub), [s_top[i] for i in touched])
-        made_f = _made(f_top, _top(new_prog), [f_top[i] for i in at])
+        made_s = _made(s_top, top_boxes(new_sub), [s_top[i] for i in touched])
+        made_f = _made(f_top, top_boxes(new_prog), [f_top[i] for i in at])
         if len(made_s) != len(made_f):
             return original, []
         corr.update((id(s), f) for s, f in zip(made_s, made_f))
