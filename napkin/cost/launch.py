@@ -213,11 +213,12 @@ class Launches:
         # re-reads of operands the L2 holds (the blocks of a grid read the same tiles of
         # a broadcast input): HBM once, then L2's bandwidth (a part of their own where the
         # profile has no L2 level, else the level under it already prices them)
-        hbm, l2_part = _l2_reuse(k, c, ev, blocks, totals)
-        if hbm is not None:
-            parts[0] = hbm / hw.level(c.levels[1]).bandwidth_bytes_per_s
-            if l2_part is not None:
-                parts.append(l2_part)
+        saved = _l2_reuse(k, c, ev, blocks, totals)
+        if saved is not None:
+            through = blocks * ev(moved_b.get(c.levels[1], 0))
+            parts[0] = (through - saved) / hw.level(c.levels[1]).bandwidth_bytes_per_s
+            if "l2" not in c.levels:
+                parts.append(through / hw.l2_bytes_per_s)
         # spilled registers: out and back every step, priced at the HBM rate (local
         # memory is backed by it, and a spilling kernel waits on every round trip)
         parts.append(2 * ctas * spilled * steps / hw.memory_bandwidth)
@@ -244,27 +245,20 @@ L2_SHARE = 0.5
 
 
 def _l2_reuse(k, c, ev, blocks, totals):
-    """(bytes through the HBM level, seconds through L2) of kernel ``k`` where its blocks
-    re-read operands the L2 holds — each array's loads beyond the whole array cost HBM
-    nothing more while the arrays re-read fit :data:`L2_SHARE` of the L2 —, or
-    (None, None) where the profile states no L2.  The seconds are None where the profile's
-    hierarchy has an L2 level (the level under it prices the re-reads)."""
+    """The bytes of kernel ``k``'s loads through the HBM level that its blocks re-read from
+    the L2 — each array's loads beyond the whole array, while the arrays re-read fit
+    :data:`L2_SHARE` of the L2 (0 where they do not) —, or None where the profile states no
+    L2."""
     hw = c.hardware
     if not hw.l2_bytes or not hw.l2_bytes_per_s:
-        return None, None
+        return None
     top = c.levels[1]
-    loads = totals.loads_b.get(top, {})
     whole = _WHOLE.get((k,), lambda: _whole_bytes(k.loop, top))
-    total = {a: blocks * ev(b) for a, b in loads.items()}
-    once = {a: ev(whole[a]) for a in total if a in whole}
+    total = {a: blocks * ev(b) for a, b in totals.loads_b.get(top, {}).items() if a in whole}
+    once = {a: ev(whole[a]) for a in total}
     reread = sum((np.where(total[a] > once[a], once[a], 0.0) for a in once), 0.0)
-    fits = reread <= L2_SHARE * hw.l2_bytes
     saved = sum((np.maximum(total[a] - once[a], 0.0) for a in once), 0.0)
-    stores = blocks * ev(sum(totals.stores_b.get(top, {}).values(), 0))
-    moved = sum(total.values(), 0.0) + stores
-    hbm = np.where(fits, moved - saved, moved)
-    l2 = None if "l2" in c.levels else moved / hw.l2_bytes_per_s
-    return hbm, l2
+    return np.where(reread <= L2_SHARE * hw.l2_bytes, saved, 0.0)
 
 
 def _whole_bytes(loop, level: str) -> dict:

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import networkx as nx
 import sympy
 
-from napkin.search.pieces import top_boxes
+from napkin.search.pieces import sourceless, top_boxes
 from napkin.search.canonical import canonical_hash, same_program
 from napkin.certify.certificate import fingerprint, render
 from napkin.core.errors import NapkinError
@@ -944,14 +944,13 @@ def kernel_per_box(diagram, ev: Evaluator) -> State | None:
 
 def _apart(start, ev) -> list:
     """The roots every search also starts from, ``start`` (a (program, chain) pair) made
-    kernels: one per box, and one per product with its elementwise riders."""
+    kernels: one per box, one per product with its elementwise riders, and the same with
+    sibling products sharing one (:func:`each_product_partitioned`)."""
     roots = [_each_box(start, ev)]
     for siblings in (False, True):
         program, chain = each_product_partitioned(start[0], ev, siblings)
-        if any(not b.dom.inside for b in top_boxes(program)):
-            continue  # a value made from no input (T5's positions) left at the top: a
-            # kernel of no inputs, which no backend writes
-        roots.append((program, (*start[1], *chain)))
+        if not sourceless(program):  # (a value made from no input left at the top)
+            roots.append((program, (*start[1], *chain)))
     return roots
 
 

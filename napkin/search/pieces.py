@@ -44,8 +44,8 @@ STATES = 300
 
 
 def cuts(program, ev, most: int = MOST) -> list[list[int]]:
-    """The top-level op indices of ``program`` in convex pieces of at most :data:`MOST`
-    boxes that reduce (and :data:`ALONG` in all).  An elementwise box first joins its only
+    """The top-level op indices of ``program`` in convex pieces of at most ``most``
+    (:data:`MOST`) boxes that reduce (and :data:`ALONG` in all).  An elementwise box first joins its only
     reader (a norm's scaling, a residual add recomputed per reader: the prologue of the
     product that reads it); an elementwise run read by several pieces, or by none, joins the
     piece that makes its inputs (an epilogue).  Then pieces are joined along the values
@@ -113,7 +113,7 @@ def searched_in_pieces(start, ev, max_states: int, seconds: float, *, search, co
     program, chain = start
     if len(op_order(view(program))) <= ABOVE:
         return None
-    if any(not b.dom.inside for b in top_boxes(program)):
+    if sourceless(program):
         return None  # a value made from no input (T5's bucket index): no kernel of its own
     runs = [r for r in cuts(program, ev) if len(r) > 1 or _reduces(program, r[0])]
     end = time.perf_counter() + seconds
@@ -156,6 +156,12 @@ def top_boxes(program) -> list:
     """The top-level boxes of ``program``, in order."""
     g = view(program)
     return [g.nodes[n]["box"] for n in op_order(g)]
+
+
+def sourceless(program) -> bool:
+    """Whether a top-level box of ``program`` reads no input (positions, T5's bucket index):
+    a kernel of no inputs, which no backend writes."""
+    return any(not b.dom.inside for b in top_boxes(program))
 
 
 def _replay(program, sub, boxes, moves, apply):
