@@ -212,7 +212,9 @@ def test_a_dot_whose_operand_is_transposed_holds_it_in_registers():
     env = dict(h=8, t=2048, d=128, e=1024, g_t=64, g_e=128, s_d=64, s_h=1)
     regs = lambda p: max(value_at(sympy.sympify(r), env)  # noqa: E731
                          for r in cost(p, H100, "bf16").kernels[0].registers)
-    assert regs(by_d) == 64 * 128 + 64 * 8 * 64     # the accumulator and the transposed chunk
+    # the accumulator, the transposed chunk of o, and wo's (h, s_d, e) chunk read as h·s_d
+    # rows: reshaped through registers (bf16, two values a register)
+    assert regs(by_d) == 64 * 128 + 64 * 8 * 64 + 8 * 64 * 128 // 2
     assert regs(by_h) == 64 * 128                   # the accumulator alone
 
 
@@ -475,3 +477,103 @@ def test_a_slimmed_grid_answers_as_before_and_holds_no_arrays_over_its_points(mo
         st._report = ev  # (as the search does for the states it reports)
         assert st.feasible and st.time_s == pytest.approx(before[0], rel=1e-9)
         assert ("mem" not in vars(st.grid)) == slimmed and st.tiles.values == before[3]
+
+
+def _one_kernel(fn, arrays, axis="q"):
+    """``fn`` traced over ``arrays`` and grouped over ``axis`` whole: one kernel."""
+    from napkin.frontend.trace import trace
+    from napkin.core.region import Site
+    from napkin.core.ir import ops as op_order, view
+    from rewrites import RULES
+    D = trace(fn, arrays, "k")
+    whole = tuple(range(len(op_order(view(D)))))
+    return RULES["group_partition"].apply(D, Site((), whole), {"axis": axis})
+
+
+def test_a_products_result_lives_until_the_box_its_tree_is_fused_into():
+    """dQ's dS = P ⊙ (dP − D): P = exp(S − L) and dP are two products' results, each
+    fused into the product that reads them, and both are in registers when dS is made.
+    The model counted one of them (attention's dQ at a key chunk of 64 was 98 registers;
+    ptxas allocated 165)."""
+    from napkin.frontend import ops
+    from napkin.core.arrays import axes
+    from napkin.schedule.build import build
+    q, x, d = axes("q x d")
+
+    def dq(Q, K, dO, V, L):
+        P = ops.exp(ops.sub(ops.contract(Q, K, out=(q, x)), L))
+        dS = ops.mul(P, ops.contract(dO, V, out=(q, x)))
+        return ops.contract(dS, K, out=(q, d))
+    D = _one_kernel(dq, {"Q": (q, d), "K": (x, d), "dO": (q, d), "V": (x, d), "L": (q,)})
+    (k,) = kernels(build(D, H100, "bf16"))
+    env = {"q": 256, "g_q": 64, "x": 64, "d": 16}
+    held = max(value_at(r, env) for r in k.registers)
+    assert held == 2 * 64 * 64, held  # P and dP side by side
+
+
+def test_a_value_computed_twice_is_computed_once():
+    """Recomputation copies a softmax for each of its readers; inside one kernel the copies
+    read the same values, and a compiler computes them once (CSE): so does the schedule —
+    one exp, one tile held."""
+    from napkin.frontend import ops
+    from napkin.core.arrays import axes
+    from napkin.schedule.build import build
+    from napkin.schedule.nest import Step
+    q, x, d = axes("q x d")
+
+    def twice(Q, K, V, W):
+        S = ops.contract(Q, K, out=(q, x))
+        return (ops.contract(ops.exp(S), V, out=(q, d)),
+                ops.contract(ops.exp(S), W, out=(q, d)))
+    D = _one_kernel(twice, {"Q": (q, d), "K": (x, d), "V": (x, d), "W": (x, d)})
+    s = build(D, H100, "bf16")
+    exps = [it for it, _ in s.walk() if isinstance(it, Step) and it.box.name == "exp"]
+    assert len(exps) == 1
+    assert len([b for b in D.boxes if getattr(b, "name", "") == "group q"]) == 1
+
+
+def test_the_largest_products_rows_bound_the_warps():
+    """A dK, dV kernel: the scores of a query chunk of 128 rows and dV's 64-key rows; Triton
+    gives the 64-row product's columns to the second warp group (attention's dK, dV at
+    8 warps, 241 registers, no spills): 8 warps, not 4."""
+    from napkin.frontend import ops
+    from napkin.core.arrays import axes
+    from napkin.schedule.build import build
+    import sympy
+    q, x, d = axes("q x d")
+
+    def dv(Q, K, dO):
+        return ops.contract(ops.exp(ops.contract(Q, K, out=(q, x))), dO, out=(x, d))
+    D = _one_kernel(dv, {"Q": (q, d), "K": (x, d), "dO": (q, d)}, axis="x")
+    (k,) = kernels(build(D, H100, "bf16"))
+    assert value_at(k.rows, {"x": 4096, "g_x": 64, "q": 128, "d": 128}) == 128
+    assert {"g_x", "q"} <= {str(s) for s in sympy.sympify(k.rows).free_symbols}
+
+
+def test_a_chunk_a_product_reads_as_merged_rows_is_loaded_through_registers():
+    """GQA's dK, dV stream the queries with the r query heads of a KV head in each chunk:
+    a product reads Q[r, q, d] as (r·q) × d, and the chunk is loaded to registers and
+    reshaped there before it is staged. ptxas spilled that kernel where the same kernel
+    loading flat rows allocated 228 registers and none; the model holds the reshaped
+    chunks in registers (one head, r = 1: nothing to reshape)."""
+    from napkin.frontend import ops
+    from napkin.core.arrays import axes
+    from napkin.schedule.build import build
+    from napkin.core.region import Site
+    from napkin.frontend.trace import trace
+    from napkin.schedule.nest import Loop
+    from rewrites import RULES
+    r, q, x, d = axes("r q x d")
+
+    def dv(Q, K, dO):
+        return ops.contract(ops.exp(ops.contract(Q, K, out=(r, q, x))), dO, out=(x, d))
+    D = trace(dv, {"Q": (r, q, d), "K": (x, d), "dO": (r, q, d)}, "gqa dv")
+    D = RULES["group_partition"].apply(D, Site((), (0, 1, 2)), {"axis": "x"})
+    D = RULES["stream_partition"].apply(D, Site((0,), (0, 1, 2)), {"axis": "q"})
+    s = build(D, H100, "bf16", stages=2)
+    (stream,) = [it for it, _ in s.walk() if isinstance(it, Loop) and it.kind == "stream"]
+    held = lambda n: value_at(stream.chunk[0] - stream.staged[0],  # noqa: E731
+                              {"r": n, "q": 4096, "x": 4096, "d": 128, "g_x": 64, "s_q": 16})
+    # Q's and dO's chunks, 2 stages, bf16 values two to a 4-byte register
+    assert held(4) == 2 * 2 * (4 * 16 * 128) / 2
+    assert held(1) == 0

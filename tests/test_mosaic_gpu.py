@@ -424,13 +424,21 @@ def test_attentions_dq_backward_is_written_by_mosaic_with_an_f32_saved_l():
     """The backward's dQ program reads the saved L in float32 (a vector per row, no wgmma
     operand): Mosaic writes it, exports it for CUDA, and in interpret mode it is attention's
     dQ; dK, dV are refused in one line (a computed first operand not (M, K) here; at the
-    default sizes the D kernel's rows are not a warpgroup's 64)."""
+    default sizes the D kernel's rows are not a warpgroup's 64). The search's key chunk for
+    dQ is the Triton model's (32 here, where P and dP together pass its register budget at
+    64); Mosaic's wgmma reads K = 64 at least and refuses that one in one line — its own
+    tiles are issue 28's launch model — and writes the program at 64."""
     import jax
     r = napkin.optimize("attention", hardware="h200", sizes={"q": 256, "x": 256, "d": 64},
                         dtype="bf16")
     pieces = dict(r.backward.pieces)
     dq = pieces[("Q",)]
     shapes = [tuple(dq.sizes[a.name] for a in ob.type.axes) for ob in dq.algorithm.dom.inside]
+    if dq.tiles["s_x"] < 64:
+        with pytest.raises(NapkinError, match="K must be a multiple of 64") as e:
+            export_cuda(dq._forward_kernel("mosaic", True, "bf16"), shapes, "NVIDIA H200")
+        assert "\n" not in str(e.value)
+        dq = dq.with_tiles({"s_x": 64})
     k = dq._forward_kernel("mosaic", True, "bf16")
     assert export_cuda(k, shapes, "NVIDIA H200")
     rng = np.random.default_rng(3)

@@ -89,6 +89,40 @@ def view(diagram) -> nx.DiGraph:
     return _VIEWS.get((diagram,), lambda: nx.freeze(to_graph(diagram)))
 
 
+_COMMON = IdentityMemo(20000)
+
+
+def common_view(diagram) -> nx.DiGraph:
+    """:func:`view` with common subexpressions merged, as a compiler's CSE merges them: a box
+    of no body (no group or stream) applied again to the same values — the copies of a
+    softmax that recomputation makes for two readers in one loop — is computed once.  What
+    a kernel holds and computes (``napkin.schedule``) is read off it; read-only too."""
+    def make():
+        g = view(diagram)
+        b, same, seen = GraphBuilder(), {}, {}
+        for v in g.graph["inputs"]:
+            same[v] = b.input(g.nodes[v]["ob"])
+        for n in ops(g):
+            node = g.nodes[n]
+            box, args = node["box"], [same[v] for v in node["ins"]]
+            spec = getattr(box, "spec", None)
+            key = None
+            if spec is not None and not getattr(spec, "bodies", ()):
+                try:
+                    key = (spec, box.cod, tuple(args))
+                    hash(key)
+                except TypeError:  # a spec holding something unhashable: kept apart
+                    key = None
+            outs = seen.get(key) if key is not None else None
+            if outs is None:
+                outs = b.op(box, args)
+                if key is not None:
+                    seen[key] = outs
+            same.update(zip(node["outs"], outs))
+        return nx.freeze(b.finish([same[v] for v in g.graph["outputs"]]))
+    return _COMMON.get((diagram,), make)
+
+
 def ops(graph: nx.DiGraph) -> list[int]:
     """Op nodes in a deterministic topological order (memoised on frozen views,
     where rules and the search ask for it again and again)."""

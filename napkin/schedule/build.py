@@ -20,9 +20,10 @@ import sympy
 from napkin.core.arrays import array_types, canonical_dtype
 from napkin.core.errors import NapkinError
 from napkin.hardware import DTYPE_BYTES, Hardware, get_hardware, resolve_level
-from napkin.core.ir import ops as op_order, view
+from napkin.core.ir import common_view, ops as op_order, view
 from napkin.core.memo import IdentityMemo
-from napkin.core.primitives import FLOATING, matmul_axes, merge_axes, rows_from_second
+from napkin.core.primitives import (FLOATING, matmul_axes, matmul_sides, merge_axes,
+                                    rows_from_second)
 from napkin.schedule.nest import (
     ONE, ZERO, Assign, Buffer, ContractionRecord, Loop, Move, Schedule, Step, TileInfo, nonneg,
 )
@@ -387,7 +388,7 @@ class _Builder:
         one of them where it dies takes no registers of its own (gate·silu·up before the
         down projection, a norm's x·r·g before its GEMM: in place, as a compiler writes it).
         The liveness goes into ``loop.holds`` / ``loop.children``."""
-        g = view(D)
+        g = common_view(D)
         order = op_order(g)
         pos = {n: i for i, n in enumerate(order)}
         ins, outs = g.graph["inputs"], g.graph["outputs"]
@@ -399,6 +400,9 @@ class _Builder:
         ref = dict(zip(ins, in_refs))
         fused_step: dict = {}                 # value -> the fused Step computing it
         fused_need: dict = {}                 # value -> values live while its tree computes
+        # value -> [(values, step)]: the tiles a fused tree holds from the step that made
+        # them until its root reads them (a product's result in registers, computed before)
+        fused_leaves: dict = {}
         reuse = {ins[i] for i in reusable}
         free = {ins[i] for i in held}
         reuse |= free
@@ -520,6 +524,9 @@ class _Builder:
                         fused_step[v] = step
                         fused_reads[v] = read_here(node["ins"], i)
                         fused_need[v] = (need, tile)
+                        fused_leaves[v] = _leaves(node["ins"], fused_leaves) \
+                            if spec.elementwise else [] if _accumulated(g, v) \
+                            else [(self.size(ob(v))[0], i)]
                         step.fused = True
                         step.outs.append(None)
                         continue
@@ -542,6 +549,13 @@ class _Builder:
                     step.outs.append(buf)
                     if h is not None and h < L:
                         stores.append((ob(v), L, h, buf, out_ref_of[v]))
+                if not step.fused:
+                    # the tiles of its fused tree made at earlier steps (a product's result,
+                    # exponentiated in place) live until here: dQ's P beside dP
+                    own = sum((b.values for b in step.outs if b is not None and b.counted),
+                              ZERO)
+                    self._leaf_holds(loop, _leaves(node["ins"], fused_leaves), i,
+                                     own if need == tile else None)
                 if not step.fused and need != tile and not _zero(need - tile):
                     # a fused elementwise tree: a kernel computes it op by op over the whole
                     # tile, so the results of its branches are live at once (beside the
@@ -554,6 +568,20 @@ class _Builder:
         for v in set(outs) & set(ins):  # outputs that are inputs passed straight through
             if home[v] == L and out_home_of[v] < L:
                 self.move(ob(v), L, out_home_of[v], ref[v], out_ref_of[v])
+
+    @staticmethod
+    def _leaf_holds(loop, leaves, i, own):
+        """Hold each tile a fused tree made at an earlier step until step ``i``, where its
+        root reads them and writes its result over them: at ``i`` only what exceeds the
+        root's ``own`` counted output (None: the tree's own need counts step ``i``)."""
+        for vals, s in leaves:
+            if s >= i:
+                continue
+            loop.holds.append((vals, 4 * vals, s, i - 1, "registers"))
+        if own is not None and len(leaves) > 1:
+            rest = sum((vals for vals, _ in leaves), ZERO) - own
+            if _value(rest) > 0:
+                loop.holds.append((rest, 4 * rest, i, i, "registers"))
 
     def stream(self, loop, box, spec, g, node, i, L, R, home, ref, ensure, land, flush):
         axis = spec.axis
@@ -581,6 +609,15 @@ class _Builder:
                     staged.add(j)
                     staged_v += cv * self.stages
                     staged_b += cb * self.stages
+                    # a chunk a product reads with two of its axes as one side (GQA's rows
+                    # r·q) is loaded to registers and reshaped there before it is staged:
+                    # ptxas spilled a dK, dV kernel with (r, q) chunks where the same kernel
+                    # loading flat rows allocated 228 registers and none (cpu_proofs)
+                    merged = _merged_side(up_graph, up_ins[n_state + j])
+                    if merged is not None:
+                        extra = sympy.Piecewise((cb * self.stages, merged), (0, True))
+                        chunk_v += extra / 4  # registers of 4 bytes, the values packed
+                        chunk_b += extra
                 elif _meets_product(up_graph, up_ins[n_state + j]):
                     scratch = cb if scratch == ZERO else sympy.Max(scratch, cb)
         state, nexts = [], []
@@ -652,6 +689,25 @@ def _feeds_contraction(g, v) -> bool:
                 if u == v and _feeds_contraction(inner, inner.graph["inputs"][skip + j]):
                     return True
     return False
+
+
+def _merged_side(g, v):
+    """The condition (sympy) under which a matrix product reads value ``v`` with two or more
+    of its axes of more than one entry, adjacent in its layout, as one side of the product
+    (a reshape), else None."""
+    conds = []
+    names = list(g.nodes[v]["ob"].type.names)
+    for c in g.successors(v):
+        sides = matmul_sides(g.nodes[c]["box"]) if _is_matmul(g.nodes[c]) else None
+        for side in (sides or {}).values():
+            axes = [(a, n) for a, n in side if a in names]
+            at = sorted(names.index(a) for a, _ in axes)
+            # (axes apart in the layout are a transpose, which the product's step counts:
+            # _relayout_values)
+            if len(axes) >= 2 and at == list(range(at[0], at[0] + len(at))):
+                sizes = [sympy.sympify(n) for _, n in axes]
+                conds.append(sympy.Gt(sympy.Mul(*sizes) / sympy.Max(*sizes), 1))
+    return sympy.Or(*conds) if conds else None
 
 
 def _meets_product(g, v) -> bool:
@@ -733,6 +789,18 @@ def _row_statistics(box) -> frozenset:
     arrays = [ob for ob in (*box.dom.inside, *box.cod.inside)]
     names = [set(ob.type.names) for ob in arrays]
     return frozenset(ob.name for ob, n in zip(arrays, names) if any(n < m for m in names))
+
+
+def _accumulated(g, v) -> bool:
+    """Whether value ``v`` (a product's result) is added straight into another value: the
+    dot accumulates into that addend (a state's ``acc + a·b``), no tile of its own."""
+    (c,) = set(g.successors(v))
+    return getattr(g.nodes[c]["box"].spec, "fn", None) == "add"
+
+
+def _leaves(ins, fused_leaves: dict) -> list:
+    """The tiles the fused values among ``ins`` were made from (see ``body``)."""
+    return [leaf for v in dict.fromkeys(ins) for leaf in fused_leaves.get(v, ())]
 
 
 def _tree_need(ins, fused_need: dict, tile, temporaries: int = 0):

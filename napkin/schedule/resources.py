@@ -112,15 +112,18 @@ def _resources(k: Loop, launches, stages: int, levels: list, block: int) -> Kern
 
 
 def _rows(k: Loop):
-    """The M extent of the kernel's smallest matrix product: the first operand's output axes
-    the second lacks (a tensor-core instruction takes a fixed number of rows per warp group,
-    so it bounds how many warp groups the product can use)."""
+    """The M extent of the kernel's largest matrix product: the first operand's output axes
+    the second lacks.  A tensor-core instruction takes a fixed number of rows per warp
+    group, so the largest product's rows bound how many warp groups the kernel can use;
+    the compiler splits a smaller product's columns over the warp groups instead (Triton
+    writes a 64-row dot at 8 warps as two warp groups of half the columns: a dK, dV
+    kernel's key tile of 64 beside its query chunk of 128, 241 registers, no spills)."""
     rows = []
     for it, _ in k.walk():
         sides = matmul_sides(it.box) if isinstance(it, Step) else None
         if sides:
             rows.append(sympy.Mul(*(n for _, n in sides["M"])))
-    return min(rows, key=_sample) if rows else None
+    return sympy.Max(*dict.fromkeys(rows)) if rows else None
 
 
 def _loops(loop: Loop):
