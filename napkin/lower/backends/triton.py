@@ -495,7 +495,7 @@ class _Spelling:
     def query_bounds(self, sp, ctx):
         """The query chunks [lo, hi) holding a row that keeps a key of this program's key
         tile [c0, c1]: rows [c0 − high + 1, c1 − low + 1) (to the end without a window)."""
-        skip, w, s, n, g = sp.skip_queries, self.w, sp.chunk, sp.size, sp.skip_queries.tile
+        skip, w, s, g = sp.skip_queries, self.w, sp.chunk, sp.skip_queries.tile
         first = ctx.offsets[skip.query]
         last = w.let(f"jnp.minimum({{0}} + {g.tile}, {g.size}) - 1", first,
                      name=f"{skip.query}_last")
