@@ -690,3 +690,38 @@ def test_interpret_takes_auto_a_bool_or_on_off_and_nothing_else():
     with pytest.raises(NapkinError, match=r"dtype='int32': a kernel's dtype is that of its "
                                           r"floating inputs"):
         o.kernel(dtype="int32")
+
+
+def test_a_kernel_of_no_inputs_is_written_and_runs():
+    """A box that reads no input (positions, T5's bucket index) left a kernel of its own —
+    what a search cut short by its time limit can hand back — is written (its forward takes
+    only ``interpret``) and runs; it was a SyntaxError from the written module."""
+    q, d = axes("q d")
+    D = trace(lambda X: ops.mul(X, ops.positions(q)), {"X": Array(q, d)}, "positions apart")
+    P = RULES["group_partition"].apply(D, Site((), (1,)), {"axis": "q"})  # the mul alone
+    assert [len(b.dom) for b in P.boxes if getattr(b, "spec", None) is not None] == [0, 2]
+    k = lower(P, {"q": 40, "d": 16, "g_q": 16}, backend="triton", interpret=True)
+    x = np.random.default_rng(5).standard_normal((40, 16)).astype(np.float32)
+    got = np.asarray(k(x))
+    np.testing.assert_allclose(got, x * np.arange(40, dtype=np.float32)[:, None], rtol=1e-6)
+    assert "def forward_0(*, interpret=False)" in k.source((40, 16))
+    (alone, shapes), _ = k.parts([(40, 16)])
+    assert shapes == [] and "__gpu$xla.gpu.triton" in export_cuda(alone, shapes)
+
+
+def test_a_mask_one_kernel_writes_and_another_reads_stays_boolean():
+    """A comparison's result through HBM between two kernels (what a search cut short can
+    hand back): the reader's masked load filled with an int 0 made it int32, and `where`
+    refused it while lowering."""
+    q, d = axes("q d")
+    D = trace(lambda X, Y: ops.where(ops.less(X, Y), X, Y),
+              {"X": Array(q, d), "Y": Array(q, d)}, "a mask apart")
+    P = RULES["group_partition"].apply(D, Site((), (0,)), {"axis": "q"})
+    P = RULES["group_partition"].apply(P, Site((), (1,)), {"axis": "q"})
+    k = lower(P, {"q": 40, "d": 16, "g_q": 16}, backend="triton", interpret=True)
+    x, y = (np.random.default_rng(i).standard_normal((40, 16)).astype(np.float32)
+            for i in (1, 2))
+    np.testing.assert_array_equal(np.asarray(k(x, y)), np.minimum(x, y))
+    _, (reader, shapes) = k.parts([(40, 16), (40, 16)])
+    assert "other=False" in reader.source(*shapes)
+    assert "__gpu$xla.gpu.triton" in export_cuda(reader, shapes)

@@ -90,8 +90,8 @@ class Specialised:
         if not interpret and self.plan.gpu_refusal:
             raise NapkinError(f"{self.plan.name} cannot be compiled for a GPU: "
                               f"{self.plan.gpu_refusal}")
-        if any(isinstance(x, jax.core.Tracer) for x in operands):  # inside jit / vmap / grad
-            return self.written.forward(*operands, interpret=bool(interpret))
+        if any(isinstance(x, jax.core.Tracer) for x in operands) or _tracing(operands):
+            return self.written.forward(*operands, interpret=bool(interpret))  # jit/vmap/grad
         platform = jax.devices()[0].platform
         if not interpret and platform != "gpu":
             raise NapkinError(f"{self.plan.name}: a compiled kernel runs on a GPU and this "
@@ -360,6 +360,18 @@ class BoundKernel:
 
     def __getattr__(self, name):
         return getattr(self.kernel, name)
+
+
+def _tracing(operands) -> bool:
+    """Whether a kernel of no operands (positions made on chip) is called inside a trace
+    (jit, an export): with operands, their being tracers says so."""
+    if operands:
+        return False
+    try:
+        from jax._src.core import trace_state_clean
+    except ImportError:  # (a jax without it: taken as traced; eager calls then reach Pallas)
+        return True
+    return not trace_state_clean()
 
 
 def export_cuda(kernel: LoweredKernel, shapes, device_kind: str = "NVIDIA H100") -> str:

@@ -19,7 +19,7 @@ import numpy as np
 from napkin.core.arrays import array_types
 from napkin.core.errors import NapkinError, ShapeError
 from napkin.core.ir import ops as op_order, view
-from napkin.lower.backends import DEFAULT, VARYING
+from napkin.lower.backends import DEFAULT, VARYING, forward_params
 from napkin.lower.emit import identifier
 from napkin.lower.kernel import LoweredKernel, interpret_mode
 from napkin.core.semantics import bind_sizes, fold_boxes
@@ -163,7 +163,7 @@ class LoweredProgram:
             parts.append(f"# {'=' * 88}\n# kernel {i + 1} of {len(plan.steps)}: {k.name}\n"
                          f"{k.namespaced_source(spec)}")
         names = [identifier(n, "x") for n in self.in_names]
-        lines = ["", "", f"def forward({', '.join(names)}, *, interpret=False):",
+        lines = ["", "", f"def forward({forward_params(', '.join(names))}):",
                  f'    """{self.name}: {len(plan.steps)} kernels in order, the values between '
                  f'them in HBM."""']
         count = iter(range(10 ** 6))
@@ -174,7 +174,8 @@ class LoweredProgram:
             k = self.kernel_of(box)
             r = f"r{next(count)}"
             ins = [args[p] for p in k.structure.in_map]
-            lines.append(f"    {r} = {k.symbol('forward')}({', '.join(ins)}, interpret=interpret)")
+            lines.append(f"    {r} = {k.symbol('forward')}"
+                         f"({', '.join([*ins, 'interpret=interpret'])})")
             outs = []
             for j, ob in enumerate(box.cod.inside):
                 outs.append(f"{identifier(ob.name, 'v')}_{next(count)}")

@@ -160,7 +160,8 @@ def top_boxes(program) -> list:
 
 def sourceless(program) -> bool:
     """Whether a top-level box of ``program`` reads no input (positions, T5's bucket index):
-    a kernel of no inputs, which no backend writes."""
+    a kernel of no inputs, writing to HBM what its readers could make on chip (the backends
+    write one — a search cut short can hand one back — but no root starts from one)."""
     return any(not b.dom.inside for b in top_boxes(program))
 
 

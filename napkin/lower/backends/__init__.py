@@ -33,6 +33,20 @@ VARYING = [
     "    return max((jax.typeof(x).mat for x in xs), key=lambda m: len(m.varying))",
 ]
 
+
+
+def forward_params(args: str) -> str:
+    """A written kernel's ``forward`` parameters: its inputs (a kernel of none — positions
+    made on chip, a bucket index — takes only ``interpret``), then ``interpret``."""
+    return f"{args}, *, interpret=False" if args else "*, interpret=False"
+
+
+def varying_of(args: str) -> str:
+    """An output's ``manual_axis_type`` argument: as its most varying input (none for a
+    kernel of no inputs: its outputs vary over no mesh axis)."""
+    return f", manual_axis_type=_varying({args})" if args else ""
+
+
 BACKENDS = {
     "triton": "napkin.lower.backends.triton",
     "mosaic": "napkin.lower.backends.mosaic_gpu",

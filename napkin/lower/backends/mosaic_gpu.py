@@ -54,7 +54,7 @@ import sympy
 
 from napkin.core.arrays import array_types
 from napkin.core.errors import NapkinError
-from napkin.lower.backends import VARYING, Written, load_module
+from napkin.lower.backends import VARYING, Written, forward_params, load_module, varying_of
 from napkin.lower.backends.mosaic_emit import HELPERS, MosaicRecorder, MosaicWriter, SmemRef
 from napkin.lower.emit import LOW_PRECISION, Var, dtype_name
 from napkin.core.ir import to_graph
@@ -729,13 +729,13 @@ class _Spelling:
                 "import jax", "import jax.numpy as jnp", "from jax import lax",
                 "from jax.experimental import pallas as pl",
                 "from jax.experimental.pallas import mosaic_gpu as plgpu", "", *VARYING, ""]
-        out_type = ", ".join(f"jax.ShapeDtypeStruct({o.shape}, {dtype_name(o.dtype)}, "
-                             f"manual_axis_type=_varying({args}))"
+        out_type = ", ".join(f"jax.ShapeDtypeStruct({o.shape}, {dtype_name(o.dtype)}"
+                             f"{varying_of(args)})"
                              for o in plan.outputs)
         fwd = ["", "",
                "# exp2 as the SFU's ex2.approx (as JAX's own Mosaic attention compiles it)",
                "_PARAMS = plgpu.CompilerParams(approx_math=True)", "",
-               f"def {k.symbol('forward')}({args}, *, interpret=False):",
+               f"def {k.symbol('forward')}({forward_params(args)}):",
                f'    """{", ".join(o.name for o in plan.outputs)} = '
                f'{k.symbol("forward")}({args})"""',
                "    extra = {'interpret': plgpu.InterpretGPUParams()} if interpret else {}",

@@ -35,7 +35,7 @@ import sympy
 
 from napkin.core.arrays import array_types
 from napkin.core.errors import NapkinError
-from napkin.lower.backends import VARYING, Written, load_module
+from napkin.lower.backends import VARYING, Written, forward_params, load_module, varying_of
 from napkin.lower.emit import Recorder, Var, Writer, dtype_name, identifier
 from napkin.lower.plan import BlockRules, KernelPlan, reduction_neutral, tile_indices
 from napkin.core.primitives import EvalContext, align
@@ -129,6 +129,10 @@ class _Spelling:
     # ---------------------------------------------------------------- loads and stores
     @staticmethod
     def zero(dtype):
+        """The fill of a masked load, of the ref's own type (an int 0 would promote a bool
+        mask a kernel reads from HBM to int32, which `where` refuses)."""
+        if jnp.dtype(dtype) == jnp.bool_:
+            return "False"
         return "0.0" if jnp.issubdtype(dtype, jnp.floating) else "0"
 
     def array(self, wire: RefWire):
@@ -690,7 +694,7 @@ class _Spelling:
             [f"{grid_name} = {grid}", "", ""]
         args = ", ".join(a.name for a in plan.inputs)
         fwd = ["", "",
-               f"def {k.symbol('forward')}({args}, *, interpret=False):",
+               f"def {k.symbol('forward')}({forward_params(args)}):",
                f'    """{", ".join(o.name for o in plan.outputs)} = {k.symbol("forward")}({args})"""',
                "    return pl.pallas_call(",
                f"        {k.symbol('kernel')},",
@@ -700,8 +704,8 @@ class _Spelling:
         fwd += ["        ],", "        out_specs=["]
         fwd += ["            " + spec_line(o) for o in plan.outputs]
         fwd += ["        ],", "        out_shape=["]
-        fwd += [f"            jax.ShapeDtypeStruct({o.shape}, {dtype_name(o.dtype)}, "
-                f"manual_axis_type=_varying({args})),"
+        fwd += [f"            jax.ShapeDtypeStruct({o.shape}, {dtype_name(o.dtype)}"
+                f"{varying_of(args)}),"
                 for o in plan.outputs]
         fwd += ["        ],",
                 f"        compiler_params=plt.CompilerParams(num_warps="
