@@ -41,6 +41,7 @@ class Optimized:
     tiles: dict               # tile name -> int
     launch: dict              # the kernel's launch parameters, chosen with the tiles
     base: Path | None = None  # the folder a relative FILE.py of ``source`` is in
+    limits: tuple = (2000, 60.0)  # the search's (max_states, max_seconds): the backward's too
 
     @property
     def program(self):
@@ -123,7 +124,8 @@ class Optimized:
         axes = size_symbols(diagram)
         return optimize(diagram, self.hardware, {k: v for k, v in self.sizes.items()
                                                  if k in axes},
-                        self.dtype, source=source, base=self.base)
+                        self.dtype, source=source, base=self.base, max_states=self.limits[0],
+                        max_seconds=self.limits[1])
 
     def kernel(self, backend: str = "auto", *, interpret="auto", dtype: str | None = None):
         """The program as a JAX function with these tiles and launch parameters, and a
@@ -329,7 +331,10 @@ def optimize(algorithm, hardware="h100", sizes: dict | None = None, dtype: str |
     ``base``, default the current directory); a library name or Algorithm is its own.
     ``sizes``: axis sizes, unset axes taking the library defaults.  ``dtype``: bytes per
     value for the cost model (None: each wire's own dtype).  ``levels``: "two" (GMEM +
-    SMEM, the paper's setting) or "all" (the profile's whole hierarchy)."""
+    SMEM, the paper's setting) or "all" (the profile's whole hierarchy).  ``max_states``,
+    ``max_seconds``: the search's limits, and each search the result makes later (the
+    backward's programs, the saving forward's) — a program that fits is always found, the
+    limits only bound how long a better one is sought."""
     from napkin.core.arrays import canonical_dtype
     from napkin.lower.backends import get_backend
     from napkin.search import search  # looked up per call: tests replace it
@@ -340,7 +345,7 @@ def optimize(algorithm, hardware="h100", sizes: dict | None = None, dtype: str |
                levels=levels)
     return Optimized(name, diagram, source, r.hardware, sizes, dtype, r,
                      dict(r.best.tiles.values), launch_of(r.best.tiles, get_backend()),
-                     None if base is None else Path(base))
+                     None if base is None else Path(base), (max_states, max_seconds))
 
 
 def built_at(diagram) -> str:

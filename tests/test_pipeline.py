@@ -239,3 +239,15 @@ def test_readme_commands_exist():
     for name in ("algorithms", "draw", "rules", "check", "cost", "optimize", "lower", "run",
                  "demo", "pseudocode"):
         assert name in COMMANDS
+
+
+def test_the_backward_is_searched_within_the_forwards_limits():
+    """optimize's max_states / max_seconds bound the searches the result makes later too:
+    each backward program's, and the saving forward's."""
+    import napkin as nk
+    r = nk.optimize("attention", sizes={"q": 256, "x": 256, "d": 64}, max_states=25,
+                    max_seconds=30.0)
+    assert r.search.states <= 25 + 40  # (a state's children are costed before the check)
+    for _, piece in r.backward.pieces:
+        assert piece.limits == (25, 30.0) and piece.search.states <= 25 + 40
+    assert r.saving.limits == (25, 30.0)
