@@ -14,7 +14,7 @@ from napkin.frontend.library import LIBRARY
 
 SEARCH = {"q": 256, "x": 256, "d": 64, "n": 256, "v": 512, "e": 128, "f": 128, "k": 2,
           "r": 2}
-RUN = {"q": 37, "x": 53, "d": 16, "n": 29, "v": 70, "e": 24, "f": 20, "k": 2, "r": 2}
+RUN = {"q": 37, "x": 53, "d": 16, "n": 29, "v": 70, "e": 24, "f": 20, "k": 2, "r": 3}
 
 
 def _fitted(name, dtype="f32"):

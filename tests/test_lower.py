@@ -596,6 +596,30 @@ def test_the_optimisers_own_kernels_are_what_the_model_says(hardware, name, size
             (k.shared, model)
 
 
+def test_gqas_backward_kernels_load_merged_rows_as_rows_and_do_not_spill():
+    """GQA's dK, dV stream Q, dO (and L, D) in chunks (r, s_q, ·) that its products read as
+    r·s_q rows.  Loaded as the 3-D blocks they are and reshaped in registers, ptxas spilled
+    276 B at 255 registers (g_x = 64, s_q = 32, default sizes); loaded as rows, each row's
+    head and query from one iota (TritonKernel.rows_access), none.  Every kernel of the
+    backward: dots on wgmma, no spills, shared memory within 15 % of the model's."""
+    pytest.importorskip("triton")
+    from napkin.lower import ptx
+    from napkin.pipeline import optimize
+    if ptx.versions()[0] != _pins()["jaxlib"]:
+        pytest.skip("jaxlib is not the dev extra's pin")
+    opt = optimize("gqa", "h100", dict(k=8, r=4, q=1024, x=1024, d=128), "bf16",
+                   max_states=150)
+    rows = 0
+    for _, o in opt.backward.pieces:
+        shapes = [tuple(o.sizes[a.name] for a in ob.type.axes) for ob in o.algorithm.dom.inside]
+        rows += o.kernel().source(*shapes).count("r_i = ")
+        for model, k in zip(o.search.best.tiles.launch,
+                            ptx.compile_ptx(o.kernel(), shapes, check_shared=False)):
+            assert k.spills == 0 and k.fma_dots == 0, (o.tiles, k.registers, k.spills)
+            assert abs(k.shared - model["smem_bytes"]) <= max(0.15 * model["smem_bytes"], 1024)
+    assert rows >= 1  # the dK, dV stream's chunks, loaded as rows
+
+
 def test_a_dot_a_tile_makes_smaller_than_16_does_not_compile():
     """On a GPU no dot dimension is under 16 (Triton's tl.dot): a kernel whose tile makes
     one refuses to compile in one line naming the tile; interpret mode (a CPU) still runs

@@ -336,6 +336,19 @@ def matmul_sides(box) -> dict | None:
     return {what: [(a, size[a]) for a in axes] for what, axes in sides.items()}
 
 
+
+def merged_runs(box, names) -> list[tuple[str, ...]]:
+    """The runs of a value's layout ``names`` that the matrix product ``box`` reads as one
+    side: two or more of its axes, adjacent in the layout, in layout order (GQA's rows
+    (r, q) of Q[r, q, d]: a reshape, where axes apart would be a transpose)."""
+    runs = []
+    for side in (matmul_sides(box) or {}).values():
+        at = sorted(names.index(a) for a, _ in side if a in names)
+        if len(at) >= 2 and at == list(range(at[0], at[0] + len(at))):
+            runs.append(tuple(names[k] for k in at))
+    return runs
+
+
 # --------------------------------------------------------------------------- elementwise
 # name -> backend function name (napkin.core.backend)
 UNARY = {

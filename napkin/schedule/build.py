@@ -22,7 +22,7 @@ from napkin.core.errors import NapkinError
 from napkin.hardware import DTYPE_BYTES, Hardware, get_hardware, resolve_level
 from napkin.core.ir import common_view, ops as op_order, view
 from napkin.core.memo import IdentityMemo
-from napkin.core.primitives import (FLOATING, matmul_axes, matmul_sides, merge_axes,
+from napkin.core.primitives import (FLOATING, matmul_axes, merge_axes,
                                     rows_from_second)
 from napkin.schedule.nest import (
     ONE, ZERO, Assign, Buffer, ContractionRecord, Loop, Move, Schedule, Step, TileInfo, nonneg,
@@ -609,15 +609,8 @@ class _Builder:
                     staged.add(j)
                     staged_v += cv * self.stages
                     staged_b += cb * self.stages
-                    # a chunk a product reads with two of its axes as one side (GQA's rows
-                    # r·q) is loaded to registers and reshaped there before it is staged:
-                    # ptxas spilled a dK, dV kernel with (r, q) chunks where the same kernel
-                    # loading flat rows allocated 228 registers and none (cpu_proofs)
-                    merged = _merged_side(up_graph, up_ins[n_state + j])
-                    if merged is not None:
-                        extra = sympy.Piecewise((cb * self.stages, merged), (0, True))
-                        chunk_v += extra / 4  # registers of 4 bytes, the values packed
-                        chunk_b += extra
+                    # (a chunk a product reads with two of its axes as one side, GQA's rows
+                    # r·q, is loaded as rows and staged as any other: TritonKernel.rows_access)
                 elif _meets_product(up_graph, up_ins[n_state + j]):
                     scratch = cb if scratch == ZERO else sympy.Max(scratch, cb)
         state, nexts = [], []
@@ -689,25 +682,6 @@ def _feeds_contraction(g, v) -> bool:
                 if u == v and _feeds_contraction(inner, inner.graph["inputs"][skip + j]):
                     return True
     return False
-
-
-def _merged_side(g, v):
-    """The condition (sympy) under which a matrix product reads value ``v`` with two or more
-    of its axes of more than one entry, adjacent in its layout, as one side of the product
-    (a reshape), else None."""
-    conds = []
-    names = list(g.nodes[v]["ob"].type.names)
-    for c in g.successors(v):
-        sides = matmul_sides(g.nodes[c]["box"]) if _is_matmul(g.nodes[c]) else None
-        for side in (sides or {}).values():
-            axes = [(a, n) for a, n in side if a in names]
-            at = sorted(names.index(a) for a, _ in axes)
-            # (axes apart in the layout are a transpose, which the product's step counts:
-            # _relayout_values)
-            if len(axes) >= 2 and at == list(range(at[0], at[0] + len(at))):
-                sizes = [sympy.sympify(n) for _, n in axes]
-                conds.append(sympy.Gt(sympy.Mul(*sizes) / sympy.Max(*sizes), 1))
-    return sympy.Or(*conds) if conds else None
 
 
 def _meets_product(g, v) -> bool:

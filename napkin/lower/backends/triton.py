@@ -29,6 +29,8 @@ o/z by its running max), so a tile holding such a row visits every chunk.
 """
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import sympy
@@ -38,7 +40,8 @@ from napkin.core.errors import NapkinError
 from napkin.lower.backends import VARYING, Written, forward_params, load_module, varying_of
 from napkin.lower.emit import Recorder, Var, Writer, dtype_name, identifier
 from napkin.lower.plan import BlockRules, KernelPlan, reduction_neutral, tile_indices
-from napkin.core.primitives import EvalContext, align
+from napkin.core.ir import view
+from napkin.core.primitives import EvalContext, align, merged_runs
 from napkin.core.semantics import fold_boxes
 
 I32 = jax.ShapeDtypeStruct((), jnp.int32)
@@ -51,16 +54,17 @@ class RefWire:
     """A kernel array not loaded (an input still in HBM), or an output's place there, as a
     window: the tile of each axis that a loop inside the kernel has cut it to."""
 
-    def __init__(self, index: int, window: tuple = ()):
+    def __init__(self, index: int, window: tuple = (), rows: tuple = ()):
         self.index = index      # into the plan's inputs, then its outputs
         self.window = window    # ((axis, start Var, size, ok Var or None), ...)
+        self.rows = rows        # leading axes loaded as one (see TritonKernel.load)
 
-    def narrowed(self, axis: str, start, size: int, ok) -> RefWire:
-        return RefWire(self.index, self.window + ((axis, start, size, ok),))
+    def narrowed(self, axis: str, start, size: int, ok, rows: tuple = ()) -> RefWire:
+        return RefWire(self.index, self.window + ((axis, start, size, ok),), rows)
 
     @property
     def key(self) -> tuple:
-        return (self.index,) + tuple((a, str(st), n) for a, st, n, _ in self.window)
+        return (self.index, self.rows) + tuple((a, str(st), n) for a, st, n, _ in self.window)
 
 
 class _GroupCall:
@@ -165,7 +169,11 @@ class _Spelling:
         ap, ref = self.array(wire)
         where, shape, mask = self.access(wire)
         aval = jax.ShapeDtypeStruct(shape, ap.dtype)
+        if wire.rows:
+            where, mask, flat = self.rows_access(wire, shape, mask)
+            aval = jax.ShapeDtypeStruct(flat, ap.dtype)
         at = ref if where is None else f"{ref}.at[{where}]"
+        zero_pad = set()
         if mask is None:
             var = self.w.let(f"{ref}[{'...' if where is None else where}]", name=ap.name,
                              aval=aval)
@@ -173,11 +181,60 @@ class _Spelling:
             var = self.w.let(f"plt.load({at}, mask={{0}}, other={self.zero(ap.dtype)})",
                              mask, name=ap.name, aval=aval)
             cut = {a: ok for a, _, _, ok in wire.window}
-            var.zero_pad = {a for a in ap.names if (a in self.padded and a not in cut)
-                            or cut.get(a) is not None}
+            zero_pad = {a for a in ap.names if (a in self.padded and a not in cut)
+                        or cut.get(a) is not None}
+        if wire.rows:  # back to the block's axes: a reshape the compiler folds into the dot's
+            var = self.w.let(f"{{0}}.reshape({tuple(shape)})", var, name=ap.name,
+                             aval=jax.ShapeDtypeStruct(shape, ap.dtype))
+        if zero_pad:
+            var.zero_pad = zero_pad
         var.temp = False
         self.scopes[-1][key] = var
         return var
+
+    def rows_access(self, wire: RefWire, shape: tuple, mask):
+        """A chunk whose axes a product reads as one side (GQA's (r, q) of Q[r, q, d]
+        streamed over q), loaded as one block of rows: each row's index along each of those
+        axes from one iota, as Triton kernels that pack heads into rows do.  Loaded as the
+        block it is, the chunk is reshaped in registers (a dK, dV kernel spilled 92 B at 255
+        registers; loaded this way, 237 and none: RESULTS.md).  Every axis is indexed by an
+        array (interpret mode takes no mix of arrays and slices in a masked load).  Returns
+        the index expression, the mask flattened alike, and the loaded shape."""
+        ap, _ = self.array(wire)
+        w, names = self.w, ap.names
+        starts = {a: start for a, start, _, _ in wire.window}
+        at = names.index(wire.rows[0])
+        k = len(wire.rows)
+        total = math.prod(shape[at:at + k])
+        flat = (*shape[:at], total, *shape[at + k:])
+
+        def iota(d, name):  # one per shape and scope, shared by the chunks loaded alike
+            bshape = tuple(n if e == d else 1 for e, n in enumerate(flat))
+            key = ("iota", bshape, d)
+            if key not in self.scopes[-1]:
+                self.scopes[-1][key] = w.let(f"lax.broadcasted_iota(jnp.int32, {bshape}, {d})",
+                                             name=name)
+            return self.scopes[-1][key]
+        row = iota(at, "row")
+        idx = []
+        for d, a in enumerate(names):
+            if not at <= d < at + k:
+                e, args = "{0}", [iota(d if d < at else d - k + 1, f"{a}_i")]
+            else:
+                inner = math.prod(shape[d + 1:at + k])
+                e = "{0}" if inner == 1 else f"{{0}} // {inner}"
+                e = f"({e}) % {shape[d]}" if d > at else e
+                args = [row]
+            if a in starts:
+                e, args = f"{{{len(args)}}} + {e}", [*args, starts[a]]
+            key = ("index", e, tuple(map(str, args)))
+            if e != "{0}" and key not in self.scopes[-1]:
+                self.scopes[-1][key] = w.let(e, *args, name=f"{a}_i")
+            idx.append(args[0] if e == "{0}" else self.scopes[-1][key])
+        if mask is not None:
+            mask = w.let(f"jnp.broadcast_to({{0}}, {tuple(shape)}).reshape({flat})", mask,
+                         name=f"{ap.name}_rows_mask")
+        return ", ".join(v.name for v in idx), mask, flat
 
     def store(self, wire: RefWire, val) -> None:
         """``val`` into an output's window (masked past every axis's end)."""
@@ -297,6 +354,7 @@ class _Spelling:
         computed = [i for i in streamed if not isinstance(args[i], RefWire)]
         pieces = {i: self.split(args[i], ins[i], ax, sp) for i in computed}
         late = spec.finalize_only  # read after the loop only: loaded there
+        rows = self.chunk_rows(spec, ins, streamed, args)
         fixed = [a if i in late or not isinstance(a, RefWire) else self.load(a)
                  for i, a in enumerate(args) if i not in streamed]
         n_full, tail = sp.full, sp.tail
@@ -341,8 +399,8 @@ class _Spelling:
             offsets[ax] = start
             sub = EvalContext(env, offsets, xp)
             it = iter(fixed)
-            wires = [given[i] if i in given else a.narrowed(ax, start, s, ok) if i in streamed
-                     else next(it) for i, a in enumerate(args)]
+            wires = [given[i] if i in given else a.narrowed(ax, start, s, ok, rows.get(i, ()))
+                     if i in streamed else next(it) for i, a in enumerate(args)]
             visit = self.chunk_visit(sp, sub, wires, ok)
             if visit is not None:  # the chunk's work only where a data mask keeps something
                 inner = w.fresh(f"{ax}_{kind}_visit")
@@ -435,6 +493,27 @@ class _Spelling:
         fin = EvalContext(env, ctx.offsets, xp)
         fixed = [self.load(a) if isinstance(a, RefWire) else a for a in fixed]
         return self.run(spec.finalize, fin, state + fixed)
+
+    def chunk_rows(self, spec, ins, streamed, args) -> dict:
+        """{input: its leading axes loaded as rows} for the streamed inputs of ``spec`` whose
+        chunks a product reads with the streamed axis and the axes before it as one side,
+        and every chunk laid out with the same run (the rows the product's operands share:
+        L and D beside Q and dO)."""
+        g = view(spec.update)
+        first = g.graph["inputs"][spec.n_state:]
+        runs = {run for i in streamed for c in g.successors(first[i])
+                for run in merged_runs(g.nodes[c]["box"], ins[i].names)
+                if spec.axis in run and run[0] != spec.axis}
+        rows = {}
+        for i in streamed:
+            if not isinstance(args[i], RefWire):
+                continue
+            ap, _ = self.array(args[i])
+            for run in runs:
+                at = ap.names.index(run[0]) if run[0] in ap.names else -1
+                if tuple(ap.names[at:at + len(run)]) == run:
+                    rows[i] = run
+        return rows
 
     def chunk_visit(self, sp, ctx, wires, ok):
         """Whether this chunk holds an entry every data mask of the stream keeps (a bool Var;
