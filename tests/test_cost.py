@@ -260,7 +260,9 @@ def test_a_dot_over_merged_rows_asks_their_product():
     assert ("mma_m", 64, S("r")) in info.shared
     assert info.least({"r": 4}) == 16 and info.least({"r": 2}) == 32
     assert info.least({"r": 1}) == 64 and info.least({}) == 64
-    assert info.to_json()["shared"] == [["mma_m", 64, "r"]]
+    # and the least dot dimension, 16, of the same merged rows (MQA's h·q: 32 heads, 2 queries)
+    assert sorted(info.to_json()["shared"]) == [["dot_min", 16, "r"], ["mma_m", 64, "r"]]
+    assert "dot_min" not in dict(info.multiples)
 
 
 def test_a_row_statistic_does_not_bind_the_tile():

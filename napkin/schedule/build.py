@@ -251,10 +251,12 @@ class _Builder:
             if n_ax:
                 side(n_ax, "mma_n", self.mma.get("mma_n", 1))
             side(reduced, "mma_k", max(1, kb // bpv))
-            # the least dot dimension: every tile of the product's three sides
+            # the least dot dimension: each of the product's three sides, its axes merged
+            # (MQA's rows (h, q): 32 heads leave a query chunk of 2 its 64 rows)
             least = self.mma.get("dot_min", 1)
-            for ax in (m_ax[-1:] + n_ax[-1:] + [reduced[-1]]):
-                self.require(allaxes[ax].size, "dot_min", least)
+            for axes in (m_ax, n_ax, reduced):
+                if axes:
+                    side(axes, "dot_min", least)
 
     def where(self, Lc: int, L: int) -> str:
         """How a group's iterations are spread, in words."""
