@@ -279,8 +279,10 @@ def test_strategies_run_on_eight_cpu_devices_as_the_model_says(half):
     if half == "0":
         assert out["attention ring over 8 devices: q cut, x passed round"][1] == \
             7 * 2 * (96 // 8) * 16 * 4  # 7 steps pass K's and V's 12 keys on
-        assert out["attention gather over 4 devices: x cut, partial states merged"][1] == \
-            3 * 40 * (16 + 2) * 4       # 3 others' (μ, z, o) states
+        # 3 others' (μ, z, o) states, for each part of a device's keys (split-K inside it:
+        # 64 query tiles leave half the SMs idle at the searched size)
+        gathered = out["attention gather over 4 devices: x cut, partial states merged"][1]
+        assert gathered and gathered % (3 * 40 * (16 + 2) * 4) == 0
         assert out["gqa ring over 2 devices: q cut, x passed round; × k cut over 4 (a 4 × 2 "
                    "mesh)"][1] == 1 * 2 * (4 // 4) * (40 // 2) * 16 * 4  # K's, V's share, once
     else:

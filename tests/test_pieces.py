@@ -97,7 +97,9 @@ def test_the_pieces_chains_replay_on_the_whole_block_as_one_chain():
     assert gate_up.count("mul") >= 5 and "silu" in gate_up, gate_up
     assert all(any(n.startswith(("contract", "Σ", "mean", "sum", "softmax", "max")) for n in k)
                for k in kernels), kernels
-    assert len(kernels) <= 7, kernels
+    # (at these sizes attention's 4 heads × 16 query tiles leave half the SMs idle: split-K
+    # may add the merge of its parts)
+    assert len([k for k in kernels if not any("_parts" in n for n in k)]) <= 7, kernels
     replayed = d  # one chain of rule applications on the whole algorithm: a certificate's
     for mv in chain:
         replayed = apply_move(replayed, mv)

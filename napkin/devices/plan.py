@@ -120,6 +120,8 @@ class Distributed:
         if p.strategy.kind in ("ring", "gather"):
             (outers, box), _ = mergeable_stream((opt.sequential or opt).program)
             state = _state_bytes(box, outers, local)
+            if p.strategy.kind == "gather":
+                state *= _parts(opt, p.strategy.stream, local)
         # the per-device program and what crosses the links at these sizes (the times stay
         # the ones priced at scale: a fitted program is run, not searched)
         fitted = dataclasses.replace(p, local=opt, sizes=local, link_bytes=link_bytes(
@@ -425,6 +427,8 @@ def _price(s: Strategy, diagram, sizes, hw, dtype, searched) -> Priced:
     outers, box = found
     fold = opt.search.best.time_s
     state = _state_bytes(box, outers, local)
+    if s.kind == "gather":
+        state *= _parts(opt, s.stream, local)
     hbm = hw.memory_bandwidth
     merge = 3 * state / hbm            # read two states, write one (f32)
     p.link_bytes = link_bytes(s, diagram, local, dtype, state)
@@ -560,6 +564,22 @@ def _size(s, sizes) -> int:
     v = sympy.sympify(s).xreplace({sym: sympy.Integer(sizes.get(str(sym), 1))
                                    for sym in sympy.sympify(s).free_symbols})
     return int(v)
+
+
+def _parts(opt, axis: str, local: dict) -> int:
+    """The partial states a device's program leaves of its stream over ``axis``: a split's
+    parts (split_stream's stacked axis, each merged with the other devices' states), else 1."""
+    from napkin.core.ir import ops as op_order, view
+    from napkin.cost import value_at
+    from rewrites.split_stream import parts_axis
+    if opt.sequential is None:
+        return 1
+    g = view(opt.program)
+    for n in op_order(g):
+        for ob in g.nodes[n]["box"].cod.inside:
+            if ob.type.has(parts_axis(axis)):
+                return int(value_at(ob.type.axis(parts_axis(axis)).size, {**local, **opt.tiles}))
+    return 1
 
 
 def _state_bytes(box, outers, local: dict) -> float:
