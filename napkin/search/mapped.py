@@ -1,0 +1,58 @@
+"""A diagram mapped over axes — every box carries them, in each input and output, so none
+reduces them (MHA's heads, a batch) — is one program per index.  Searched whole, the
+best-first meets the kernels of one index only after grouping them (MHA's backward: a
+group over the keys, a stream over the queries, both infeasible until a group over the
+heads comes last, then the D kernel's groups: 3,000 states did not get there).  So it is
+also searched at those axes' size 1 — one head's problem, attention's — and each kernel of
+that answer is then grouped over them, one block per index: the grid axis FlashAttention
+gives the heads.  The engine starts its search from that program too; where it is not the
+best, the search's own answer stands."""
+from __future__ import annotations
+
+from napkin.core.errors import RuleError
+from napkin.core.ir import ops as op_order, view
+from napkin.core.region import Site
+
+
+def map_axes(diagram) -> list[str]:
+    """The axes every top-level box of ``diagram`` carries in each of its inputs and
+    outputs (none where a box has neither, or the diagram has no box)."""
+    g = view(diagram)
+    common = None
+    for n in op_order(g):
+        box = g.nodes[n]["box"]
+        types = [ob.type for ob in (*box.dom.inside, *box.cod.inside)]
+        if not types:
+            return []
+        names = set.intersection(*(set(t.names) for t in types))
+        common = names if common is None else common & names
+    return sorted(common or ())
+
+
+def searched_per_index(start, sizes: dict, search, rules, move) -> tuple | None:
+    """(program, chain) from ``start`` (a (program, chain) pair): ``search(sizes)`` — the
+    evaluated states of a search of ``start`` at ``sizes`` — run with the map axes of more
+    than one index at 1, its fastest program that a final move (a split) has not closed,
+    and each of that program's top-level boxes grouped over each map axis (a box that
+    groups one already keeps it); None without such an axis or such a program.
+    ``move(rule, site, params)`` records a move of the chain."""
+    axes = [a for a in map_axes(start[0]) if int(sizes.get(a, 1)) > 1]
+    if not axes:
+        return None
+    states = search({**sizes, **{a: 1 for a in axes}})
+    open_ = [s for s in states if s.feasible and not s.error
+             and not any(rules[m.rule].last for m in s.chain)]
+    if not open_:
+        return None
+    best = min(open_, key=lambda s: s.time_s)
+    program, chain = best.program, list(best.chain)
+    group = rules["group_partition"]
+    for i in range(len(op_order(view(program)))):
+        for axis in axes:
+            site, params = Site((), (i,)), {"axis": axis}
+            try:
+                program = group.apply(program, site, params)
+            except RuleError:
+                continue
+            chain.append(move("group_partition", site, params))
+    return program, tuple(chain)
