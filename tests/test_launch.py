@@ -213,7 +213,7 @@ def test_a_dot_whose_operand_is_transposed_holds_it_in_registers():
     regs = lambda p: max(value_at(sympy.sympify(r), env)  # noqa: E731
                          for r in cost(p, H100, "bf16").kernels[0].registers)
     # the accumulator and the transposed chunk of o (wo's (h, s_d, e) chunk, read as h·s_d
-    # rows, is loaded as rows and staged: TritonKernel.rows_access)
+    # rows, is loaded as rows and staged: backends.triton._Spelling.rows_access)
     assert regs(by_d) == 64 * 128 + 64 * 8 * 64
     assert regs(by_h) == 64 * 128                   # the accumulator alone
 

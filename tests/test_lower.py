@@ -600,8 +600,9 @@ def test_gqas_backward_kernels_load_merged_rows_as_rows_and_do_not_spill():
     """GQA's dK, dV stream Q, dO (and L, D) in chunks (r, s_q, ·) that its products read as
     r·s_q rows.  Loaded as the 3-D blocks they are and reshaped in registers, ptxas spilled
     276 B at 255 registers (g_x = 64, s_q = 32, default sizes); loaded as rows, each row's
-    head and query from one iota (TritonKernel.rows_access), none.  Every kernel of the
-    backward: dots on wgmma, no spills, shared memory within 15 % of the model's."""
+    head and query from one iota (backends.triton._Spelling.rows_access), none.  Every
+    kernel of the backward: dots on wgmma, no spills, shared memory within 15 % of the
+    model's."""
     pytest.importorskip("triton")
     from napkin.lower import ptx
     from napkin.pipeline import optimize

@@ -336,7 +336,6 @@ def matmul_sides(box) -> dict | None:
     return {what: [(a, size[a]) for a in axes] for what, axes in sides.items()}
 
 
-
 def merged_runs(box, names) -> list[tuple[str, ...]]:
     """The runs of a value's layout ``names`` that the matrix product ``box`` reads as one
     side: two or more of its axes, adjacent in the layout, in layout order (GQA's rows

@@ -612,7 +612,8 @@ class _Builder:
                     staged_v += cv * self.stages
                     staged_b += cb * self.stages
                     # (a chunk a product reads with two of its axes as one side, GQA's rows
-                    # r·q, is loaded as rows and staged as any other: TritonKernel.rows_access)
+                    # r·q, is loaded as rows and staged as any other: the Triton backend's
+                    # _Spelling.rows_access)
                 elif _meets_product(up_graph, up_ins[n_state + j]):
                     scratch = cb if scratch == ZERO else sympy.Max(scratch, cb)
         state, nexts = [], []

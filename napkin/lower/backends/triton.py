@@ -57,7 +57,7 @@ class RefWire:
     def __init__(self, index: int, window: tuple = (), rows: tuple = ()):
         self.index = index      # into the plan's inputs, then its outputs
         self.window = window    # ((axis, start Var, size, ok Var or None), ...)
-        self.rows = rows        # leading axes loaded as one (see TritonKernel.load)
+        self.rows = rows        # adjacent axes loaded as one, rows (see _Spelling.rows_access)
 
     def narrowed(self, axis: str, start, size: int, ok, rows: tuple = ()) -> RefWire:
         return RefWire(self.index, self.window + ((axis, start, size, ok),), rows)
@@ -495,7 +495,7 @@ class _Spelling:
         return self.run(spec.finalize, fin, state + fixed)
 
     def chunk_rows(self, spec, ins, streamed, args) -> dict:
-        """{input: its leading axes loaded as rows} for the streamed inputs of ``spec`` whose
+        """{input: the run of its axes loaded as rows} for the streamed inputs of ``spec`` whose
         chunks a product reads with the streamed axis and the axes before it as one side,
         and every chunk laid out with the same run (the rows the product's operands share:
         L and D beside Q and dO)."""
