@@ -587,18 +587,28 @@ def _search(diagram, hardware, sizes, dtype, max_states, max_seconds, objective,
     # (built only where an eager move changed it: the same program twice is one root)
     apart = _apart(start, two) + ([_each_box((diagram, ()), two)] if start[1] else [])
     roots = [start, *apart] if pieced is None else [pieced, *apart]
-    # a diagram mapped over axes (MHA's heads): one index's program, a block per index,
-    # searched from on its own (a root beside the others changes what the patience lets
-    # the search reach: GQA decoding's answer fell from 0.065 to 0.153 ms)
-    mapped = per_index(start, two, max_states, MAPPED_SHARE * max_seconds, patience)
 
     def searched(ev, roots_, **kw):
         run = _best_first(roots_, ev, max_states, max_seconds, t0, commute=commute,
                           prune=prune, patience=patience, algorithm=diagram, **kw)
-        if mapped is not None and not kw:
-            run.absorb(_best_first([mapped], ev, max_states, MAPPED_SHARE * max_seconds,
-                                   time.perf_counter(), commute=commute, prune=prune,
-                                   patience=patience, algorithm=diagram))
+        if kw:  # (a refinement: its seeds hold the mapped program already)
+            return run
+        # a diagram mapped over axes (MHA's heads): one index's program, a block per index,
+        # searched from on its own where it beats the search's answer (a root beside the
+        # others changes what the patience lets the search reach: GQA decoding's answer
+        # fell from 0.065 to 0.153 ms)
+        # (not for a program of a few launches' time: there is little a second search wins)
+        if run.best.feasible and run.best.time_s < SPLIT_LAUNCHES * getattr(ev.hw, "launch_s", 0):
+            return run
+        mapped = per_index(start, ev, max_states, MAPPED_SHARE * max_seconds, patience)
+        if mapped is not None:
+            limits = dict(commute=commute, prune=prune, patience=patience, algorithm=diagram)
+            probe = _best_first([mapped], ev, 1, max_seconds, t0, **limits)
+            if probe.best.feasible and \
+                    probe.best.time_s < (1 - SIGNIFICANT) * run.best.time_s:
+                probe = _best_first([mapped], ev, max_states, MAPPED_SHARE * max_seconds,
+                                    time.perf_counter(), **limits)
+            run.absorb(probe)
         return run
     if levels == "all":
         coarse = searched(two, roots)
