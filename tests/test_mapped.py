@@ -45,7 +45,7 @@ def test_a_dots_least_side_is_asked_of_its_merged_axes():
     """MQA's products read Q[h, q, d] as h·q rows: with 32 heads a query chunk of 4 is a
     128-row dot.  The least dot size (16) was asked of the chunk alone, so the least chunk
     held 512 rows, no fused dK, dV fitted, and the search answered 14 kernels (37× the
-    forward); now 2 or 3 (the key tiles split)."""
+    forward); now 2 or 3 (the queries split in parts)."""
     from napkin.core.region import Site
     from napkin.cost import cost
     from napkin.cost.grid import Grid
