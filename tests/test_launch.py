@@ -557,21 +557,11 @@ def test_a_chunk_a_product_reads_as_merged_rows_is_loaded_as_rows():
     r·s_q rows, each row's head and query from one iota, and stages it like any chunk —
     the model holds nothing more in registers.  Right at a padded r and a ragged tail."""
     import jax.numpy as jnp
-    from napkin.frontend import ops
-    from napkin.core.arrays import axes
     from napkin.lower import lower
     from napkin.schedule.build import build
-    from napkin.core.region import Site
-    from napkin.frontend.trace import trace
     from napkin.schedule.nest import Loop
-    from rewrites import RULES
-    r, q, x, d = axes("r q x d")
-
-    def dv(Q, K, dO):
-        return ops.contract(ops.exp(ops.contract(Q, K, out=(r, q, x))), dO, out=(x, d))
-    D = trace(dv, {"Q": (r, q, d), "K": (x, d), "dO": (r, q, d)}, "gqa dv")
-    D = RULES["group_partition"].apply(D, Site((), (0, 1, 2)), {"axis": "x"})
-    D = RULES["stream_partition"].apply(D, Site((0,), (0, 1, 2)), {"axis": "q"})
+    from shared_checks import dv_stream
+    D = dv_stream("r", "gqa dv")
     s = build(D, H100, "bf16", stages=2)
     (stream,) = [it for it, _ in s.walk() if isinstance(it, Loop) and it.kind == "stream"]
     env = {"r": 4, "q": 4096, "x": 4096, "d": 128, "g_x": 64, "s_q": 16}

@@ -2,15 +2,13 @@
 also searched at one index and its kernels grouped over them (napkin.search.mapped); a
 product's least dot size is asked of its merged side (MQA's rows h·q); a kernel that leaves
 half the SMs idle is offered split-K (attention's dK, dV at 64 key tiles)."""
-import jax
-import jax.numpy as jnp
-import numpy as np
 import pytest
 
 import napkin as nk
 from napkin.frontend.grad import grad
 from napkin.frontend.library import LIBRARY, get
 from napkin.search.mapped import map_axes
+from shared_checks import dv_stream, grads_match_float64
 
 
 @pytest.mark.parametrize("name, axes", [("mha", ["h"]), ("gqa", ["k"]), ("mqa", []),
@@ -46,21 +44,10 @@ def test_a_dots_least_side_is_asked_of_its_merged_axes():
     128-row dot.  The least dot size (16) was asked of the chunk alone, so the least chunk
     held 512 rows, no fused dK, dV fitted, and the search answered 14 kernels (37× the
     forward); now 2 or 3 (the queries split in parts)."""
-    from napkin.core.region import Site
     from napkin.cost import cost
     from napkin.cost.grid import Grid
-    from napkin.core.arrays import axes
-    from napkin.frontend import ops
-    from napkin.frontend.trace import trace
     from napkin.hardware import get_hardware
-    from rewrites import RULES
-    h, q, x, d = axes("h q x d")
-
-    def dv(Q, K, dO):
-        return ops.contract(ops.exp(ops.contract(Q, K, out=(h, q, x))), dO, out=(x, d))
-    D = trace(dv, {"Q": (h, q, d), "K": (x, d), "dO": (h, q, d)}, "mqa dv")
-    D = RULES["group_partition"].apply(D, Site((), (0, 1, 2)), {"axis": "x"})
-    D = RULES["stream_partition"].apply(D, Site((0,), (0, 1, 2)), {"axis": "q"})
+    D = dv_stream("h", "mqa dv")
     c = cost(D, get_hardware("h100").two_level(), "bf16")
     chunks = Grid(c, dict(h=32, q=4096, x=4096, d=128)).cands["s_q"]
     assert min(chunks) == 2  # 64 rows: a warp group's
@@ -75,15 +62,4 @@ def test_a_split_dk_dv_is_chosen_where_half_the_sms_idle_and_stays_right():
     opt = nk.optimize("attention", sizes=dict(q=4096, x=4096, d=128), dtype="bf16")
     dkv = opt.backward.pieces[-1][1]
     assert "split_stream" in [m.rule for m in dkv.chain]
-    small = opt.fit({"q": 37, "x": 53, "d": 16})
-    alg = LIBRARY["attention"]
-    rng = np.random.default_rng(11)
-    xs = [jnp.asarray(a, jnp.float32) for a in alg.sample(rng, small.sizes)]
-    c = jnp.asarray(rng.standard_normal((37, 16)), jnp.float32)
-    k = small.kernel("triton", interpret=True, dtype="f32")
-    got = jax.grad(lambda *a: jnp.sum(k(*a) * c), argnums=(0, 1, 2))(*xs)
-    with jax.enable_x64(True):
-        want = jax.grad(lambda *a: jnp.sum(alg.reference(*a) * c.astype(jnp.float64)),
-                        argnums=(0, 1, 2))(*[a.astype(jnp.float64) for a in xs])
-    for g, w in zip(got, want):
-        assert np.abs(np.asarray(g, np.float64) - w).max() <= 1e-5 * np.abs(w).max()
+    grads_match_float64(opt.fit({"q": 37, "x": 53, "d": 16}), LIBRARY["attention"], 11, 1e-5)

@@ -10,6 +10,7 @@ import pytest
 
 import napkin
 from napkin.frontend.library import LIBRARY
+from shared_checks import grads_match_float64
 
 DECODE = {"q": 16, "x": 131072, "d": 128}
 
@@ -57,18 +58,7 @@ def test_the_split_kernel_matches_float64_at_ragged_sizes(name, dtype, tol):
 
 def test_gradients_through_a_split_forward():
     opt = napkin.optimize("attention", "h200", DECODE, max_states=400)
-    small = opt.fit({"q": 20, "x": 203, "d": 16})
-    alg = LIBRARY["attention"]
-    rng = np.random.default_rng(6)
-    xs = [jnp.asarray(x, jnp.float32) for x in alg.sample(rng, small.sizes)]
-    c = jnp.asarray(rng.standard_normal((20, 16)), jnp.float32)
-    k = small.kernel("triton", interpret=True, dtype="f32")
-    got = jax.grad(lambda *a: jnp.sum(k(*a) * c), argnums=(0, 1, 2))(*xs)
-    with jax.enable_x64(True):
-        want = jax.grad(lambda *a: jnp.sum(alg.reference(*a) * c.astype(jnp.float64)),
-                        argnums=(0, 1, 2))(*[x.astype(jnp.float64) for x in xs])
-    for g, w in zip(got, want):
-        assert np.abs(np.asarray(g, np.float64) - w).max() <= 1e-4 * np.abs(w).max()
+    grads_match_float64(opt.fit({"q": 20, "x": 203, "d": 16}), LIBRARY["attention"], 6, 1e-4)
 
 
 def test_the_command_line_prints_the_split(capsys):

@@ -598,7 +598,7 @@ def _search(diagram, hardware, sizes, dtype, max_states, max_seconds, objective,
         # others changes what the patience lets the search reach: GQA decoding's answer
         # fell from 0.065 to 0.153 ms)
         # (not for a program of a few launches' time: there is little a second search wins)
-        if run.best.feasible and run.best.time_s < SPLIT_LAUNCHES * getattr(ev.hw, "launch_s", 0):
+        if run.best.feasible and few_launches(run.best, ev.hw):
             return run
         mapped = per_index(start, ev, max_states, MAPPED_SHARE * max_seconds, patience)
         if mapped is not None:
@@ -751,6 +751,12 @@ SPLIT_LAUNCHES = 10
 SLIM_POINTS = 1 << 16
 
 
+def few_launches(state, hw) -> bool:
+    """Whether ``state``'s program runs shorter than :data:`SPLIT_LAUNCHES` launches: too
+    short for a split or a second search to win much."""
+    return state.time_s < SPLIT_LAUNCHES * getattr(hw, "launch_s", 0.0)
+
+
 def leaves_sms_idle(state, hw, best_s: float = math.inf) -> bool:
     """Whether some kernel of ``state``'s program, at its best tiles, launches fewer blocks
     than :data:`SPLIT_BELOW` of the SMs (the blocks a split would add could run), in a
@@ -761,8 +767,7 @@ def leaves_sms_idle(state, hw, best_s: float = math.inf) -> bool:
     sms = getattr(hw, "sms", None)
     grid = state.grid
     if not sms or not state.feasible or grid is None or not modelled(grid.c.hardware) \
-            or state.best_point is None \
-            or state.time_s < SPLIT_LAUNCHES * getattr(hw, "launch_s", 0.0):
+            or state.best_point is None or few_launches(state, hw):
         return False
     fewest = min((k.at(0)["blocks"] for k in Launches.point(grid, state.best_point)),
                  default=sms)
