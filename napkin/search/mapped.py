@@ -1,5 +1,5 @@
-"""A diagram mapped over axes — every box carries them, in each input and output, so none
-reduces them (MHA's heads, a batch) — is one program per index.  Searched whole, the
+"""A diagram mapped over axes — every input carries them and no box reduces them (MHA's
+heads, a batch) — is one program per index.  Searched whole, the
 best-first meets the kernels of one index only after grouping them (MHA's backward: a
 group over the keys, a stream over the queries, both infeasible until a group over the
 heads comes last, then the D kernel's groups: 3,000 states did not get there).  So it is
@@ -15,18 +15,18 @@ from napkin.core.region import Site
 
 
 def map_axes(diagram) -> list[str]:
-    """The axes every top-level box of ``diagram`` carries in each of its inputs and
-    outputs (none where a box has neither, or the diagram has no box)."""
+    """The axes every input of ``diagram`` carries and no top-level box mixes (reduces, or
+    reads along, as a softmax does): one index's values depend on that index's inputs alone.
+    A box that touches none of them — ALiBi's positions q − x — is a constant a group
+    replays per index, as FlashAttention recomputes a bias per head.  None for a diagram
+    without inputs or boxes."""
+    from rewrites.group_partition import mixing_reason
     g = view(diagram)
-    common = None
-    for n in op_order(g):
-        box = g.nodes[n]["box"]
-        types = [ob.type for ob in (*box.dom.inside, *box.cod.inside)]
-        if not types:
-            return []
-        names = set.intersection(*(set(t.names) for t in types))
-        common = names if common is None else common & names
-    return sorted(common or ())
+    boxes = [g.nodes[n]["box"] for n in op_order(g)]
+    if not diagram.dom.inside or not boxes:
+        return []
+    common = set.intersection(*(set(ob.type.names) for ob in diagram.dom.inside))
+    return sorted(a for a in common if not any(mixing_reason(box, a) for box in boxes))
 
 
 def searched_per_index(start, sizes: dict, search, rules, move) -> tuple | None:
