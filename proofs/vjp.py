@@ -254,33 +254,48 @@ def prove_saved(wrong: bool = False) -> ProofResult:
     exp(S − L) from the saved L, and its row term Σ_x dP ⊙ P read as Σ dO ⊙ O — the
     adjoint of the contraction O = P·V, in which P enters linearly and once — equal
     napkin.grad's own cotangents, symbolically, for attention, causal attention, GQA and
-    soft-capped attention."""
+    soft-capped attention; in float64 for attention and attention with a sink (whose L
+    holds the sink's logit and whose sink probability is exp(s − L))."""
     rule = "wrong vjp: L saved off by one" if wrong else "vjp from saved residuals (L, O)"
     proof = Proof(rule, MODULE, prove_saved.__doc__)
     for name in SAVED[:1] if wrong else SAVED:
         proof.check(f"{name}: the cotangents from L and O are napkin.grad's (sizes of 2)",
                     lambda name=name: _from_saved(name, wrong), "symbolic")
-    proof.check("attention in float64 (JAX): the cotangents from L and O are napkin.grad's",
-                lambda: _numeric_saved(wrong), "numeric")
+    for name in ("attention", "sink_attention"):
+        proof.check(f"{name} in float64 (JAX): the cotangents from L and O are napkin.grad's",
+                    lambda name=name: _numeric_saved(name, wrong), "numeric")
     return proof.result()
 
 
-def _numeric_saved(wrong: bool) -> str:
+def _numeric_saved(name: str, wrong: bool) -> str:
+    """``grad(d, residuals=True)`` on what ``residuals(d)`` saves against ``grad(d)`` in
+    float64 at random inputs (a sink attention's too: at the sizes of 2 its L — a
+    log-add-exp shifted by the larger of two terms — and the softmax's own shift are
+    different Max atoms, which sympy's canonical forms do not cancel)."""
     import jax
     from napkin.core.semantics import evaluate
     from napkin.frontend.grad import grad, residuals
+    from napkin.frontend.library import LIBRARY
     from proofs._core import library
-    d = library("attention")
-    sizes = {"q": 5, "x": 7, "d": 3}
+    d = library(name)
+    sizes = {"h": 2, "q": 5, "x": 7, "d": 3}
     rng = np.random.default_rng(3)
+    err = 0.0
     with jax.enable_x64(True):
-        xs = [rng.standard_normal(s) for s in ((5, 3), (7, 3), (7, 3))]
-        o, lse = evaluate(residuals(d), sizes)(*xs)
-        ct = rng.standard_normal((5, 3))
-        a = evaluate(grad(d, residuals=True), sizes)(*xs, o, lse - (1 if wrong else 0), ct)
-        b = evaluate(grad(d), sizes)(*xs, ct)
-    err = max(float(np.max(np.abs(np.asarray(u) - np.asarray(v))) / np.max(np.abs(v)))
-              for u, v in zip(a, b))
+        for scale in (1.0, 30.0):  # (30: logits and sinks far apart, either side larger)
+            xs = [np.asarray(a, np.float64) * scale
+                  for a in LIBRARY[name].sample(rng, {k: sizes[k] for k in sizes})]
+            saved = list(evaluate(residuals(d), sizes)(*xs))
+            if wrong:
+                saved[1] = saved[1] - 1
+            ct = rng.standard_normal(np.shape(saved[0]))
+            a = evaluate(grad(d, residuals=True), sizes)(*xs, *saved, ct)
+            b = evaluate(grad(d), sizes)(*xs, ct)
+            # (of the largest cotangent: at scale 30 a row's dsink is 0 in one, 1e-100 in
+            # the other — both exp(−230) rounded)
+            top = max(float(np.max(np.abs(v))) for v in b)
+            err = max([err] + [float(np.max(np.abs(np.asarray(u) - np.asarray(v)))) / top
+                               for u, v in zip(a, b)])
     if not err <= 1e-12:
         raise Failed(f"relative error {err:.2e}")
     return f"relative error {err:.1e}"

@@ -156,3 +156,29 @@ def test_causal_backward_skips_masked_tiles_and_stays_right():
     with jax.enable_x64(True):
         want = _grads(alg.reference, [x.astype(jnp.float64) for x in xs], c.astype(jnp.float64))
     assert _rel(got, want) <= 1e-5
+
+
+def test_sink_attentions_backward_reads_the_saved_logsumexp():
+    """A softmax with a sink saved no L, so each cotangent's program recomputed the row
+    statistics first (dQ 6 kernels, the backward 20× the forward).  Its L now holds the
+    sink's logit (log-add-exp), P = exp(S − L) and the sink's probability exp(s − L) are
+    elementwise, and the backward is FlashAttention-2's.  At ragged sizes, with sinks far
+    below and above the scores, jax.grad through the kernels equals float64."""
+    alg = LIBRARY["sink_attention"]
+    opt = nk.optimize("sink_attention", sizes=dict(h=32, q=4096, x=4096, d=128), dtype="bf16")
+    assert "L0" in [ob.name for ob in opt.saving.algorithm.cod.inside]
+    assert len(opt.saving.search.best.tiles.launch) == 1  # L fused into the forward's stream
+    pieces = dict(opt.backward.pieces)
+    assert len(pieces[("Q",)].search.best.tiles.launch) == 1
+    assert opt.backward.time_s < 4 * opt.search.best.time_s
+    small = opt.fit({"h": 3, "q": 37, "x": 53, "d": 16})
+    kernel = small.kernel("triton", interpret=True, dtype="f32")
+    rng = np.random.default_rng(14)
+    Q, K, V, _ = (jnp.asarray(a, jnp.float32) for a in alg.sample(rng, small.sizes))
+    sink = jnp.asarray([-30.0, 0.5, 30.0], jnp.float32)  # the sink: none, some, nearly all
+    c = jnp.asarray(rng.standard_normal((3, 37, 16)), jnp.float32)
+    got = _grads(kernel, [Q, K, V, sink], c)
+    with jax.enable_x64(True):
+        want = _grads(alg.reference, [a.astype(jnp.float64) for a in (Q, K, V, sink)],
+                      c.astype(jnp.float64))
+    assert _rel(got, want) <= 1e-5

@@ -726,12 +726,13 @@ class SinkSoftmax(Softmax):
         return 5 * ins[0].numel + 3 * outs[0].without(self.axis).numel
 
     def vjp(self, ad, ins, outs, xs, y, ct):
-        # the sink is one more logit with no value: its probability 1 − Σ P, its cotangent
-        # −(1 − Σ P)·Σ ct ⊙ P; the scores' as softmax's
+        # the sink is one more logit with no value: its probability 1 − Σ P (exp(s − L)
+        # from a saved L: napkin.frontend.grad), its cotangent −(1 − Σ P)·Σ ct ⊙ P; the
+        # scores' as softmax's
         o = ad.ops
-        r = o.contract(ct, y, out=y.type.without(self.axis).names)
+        r = ad.row_term(ct, y, self.axis)
         gx = y * (ct - r)
-        gs = o.neg((1.0 - o.sum_(y, self.axis)) * r)
+        gs = o.neg(ad.rest(y, self.axis, xs[1]) * r)
         return tuple(ad.to(g, t) if ad.floating(t) else None for g, t in zip((gx, gs), ins))
 
     def label(self):

@@ -9,9 +9,9 @@ product (``Spec.vjp``, declared beside the primitive's other facts and proved in
 proofs/vjp.py) and summing the cotangents of a value read more than once — a copy's reverse
 is a sum.  Integer and boolean values carry no cotangent, as in JAX.
 
-``residuals(diagram)`` is the forward that also saves each softmax's row logsumexp, and
-``grad(..., residuals=True)`` the backward that reads it and the saved outputs (a softmax
-with a sink saves nothing yet: its backward recomputes).
+``residuals(diagram)`` is the forward that also saves each softmax's row logsumexp (a
+sink's logit inside it), and ``grad(..., residuals=True)`` the backward that reads it and
+the saved outputs.
 """
 from __future__ import annotations
 
@@ -36,6 +36,11 @@ class Reverse:
         return ops.contract(ct, p, out=p.type.without(axis).names)
 
     @staticmethod
+    def rest(p: Value, axis: str, sink: Value) -> Value:
+        """1 − Σ_axis P: the probability a softmax's entries leave to its sink."""
+        return 1.0 - ops.sum_(p, axis)
+
+    @staticmethod
     def floating(t: ArrayType) -> bool:
         return t.dtype in FLOATING
 
@@ -56,16 +61,25 @@ class Reverse:
 
 
 class _Saved(Reverse):
-    """The row term of a softmax whose probabilities only a contraction with a saved output
-    reads (attention's O = P·V): Σ_x dP ⊙ P = Σ_{Y's other axes} dY ⊙ Y, the adjoint of the
-    contraction (P enters it linearly, once; Y keeps P's rows) — FlashAttention-2's
-    D = rowsum(dO ⊙ O), from the saved O instead of a pass over the keys."""
+    """What a softmax's backward reads from the forward's residuals.  Its logsumexp L (the
+    sink's logit inside it): the sink's probability is exp(s − L), elementwise, where
+    1 − Σ P would be a pass over the keys.  Its row term, where only a contraction with a
+    saved output reads the probabilities (attention's O = P·V): Σ_x dP ⊙ P =
+    Σ_{Y's other axes} dY ⊙ Y, the adjoint of the contraction (P enters it linearly, once;
+    Y keeps P's rows) — FlashAttention-2's D = rowsum(dO ⊙ O), from the saved O instead of
+    a pass over the keys."""
 
-    def __init__(self, dy: Value, y: Value, name: str):
-        self.dy, self.y, self.name = dy, y, name
+    def __init__(self, L: Value, saved: tuple | None, name: str):
+        self.L, self.saved, self.name = L, saved, name
 
     def row_term(self, ct, p, axis):
-        return ops.contract(self.dy, self.y, out=p.type.without(axis).names, as_=self.name)
+        if self.saved is None:
+            return Reverse.row_term(ct, p, axis)
+        dy, y = self.saved
+        return ops.contract(dy, y, out=p.type.without(axis).names, as_=self.name)
+
+    def rest(self, p, axis, sink):
+        return ops.exp(sink - self.L)
 
 
 def statistics(diagram) -> set:
@@ -96,9 +110,8 @@ def residuals(diagram):
             node = g.nodes[n]
             ins = [value[v] for v in node["ins"]]
             _replay(g, node, ins, value)
-            if _plain_softmax(node["box"].spec):
-                saved.append(ops.logsumexp(ins[0], node["box"].spec.axis,
-                                           as_=f"L{len(saved)}"))
+            if _saves_lse(node["box"].spec):
+                saved.append(_lse(ins, node["box"].spec.axis, f"L{len(saved)}"))
         return [value[v] for v in g.graph["outputs"]] + saved
     label = getattr(diagram, "name", "") or "algorithm"
     return trace(forward, pairs, f"{label} with residuals")
@@ -111,9 +124,20 @@ def _replay(g, node, ins, value: dict) -> None:
         out_names=[g.nodes[v]["ob"].name for v in node["outs"]])))
 
 
-def _plain_softmax(spec) -> bool:
-    from napkin.core.primitives import Softmax
-    return type(spec) is Softmax
+def _saves_lse(spec) -> bool:
+    """A softmax (with a sink or without): its forward saves the row logsumexp L."""
+    from napkin.core.primitives import Softmax, SinkSoftmax
+    return type(spec) in (Softmax, SinkSoftmax)
+
+
+def _lse(ins, axis: str, name: str) -> Value:
+    """log(Σ_axis exp(S) [+ exp(s)]): a softmax's L, with its sink s where it has one (as
+    log-add-exp, shifted by the larger where finite: a row of −∞ and a −∞ sink is −∞)."""
+    if len(ins) == 1:
+        return ops.logsumexp(ins[0], axis, as_=name)
+    lse, sink = ops.logsumexp(ins[0], axis), ins[1]
+    shift = ops.finite_or_zero(ops.maximum(lse, sink))
+    return ops.add(shift, ops.log(ops.exp(lse - shift) + ops.exp(sink - shift)), as_=name)
 
 
 def grad(diagram, wrt=None, name: str | None = None, residuals: bool = False):
@@ -137,7 +161,7 @@ def grad(diagram, wrt=None, name: str | None = None, residuals: bool = False):
     if not seeded:
         raise NapkinError("grad: the algorithm has no floating output to differentiate")
     order = op_order(g)
-    softmaxes = [n for n in order if _plain_softmax(g.nodes[n]["box"].spec)] \
+    softmaxes = [n for n in order if _saves_lse(g.nodes[n]["box"].spec)] \
         if residuals else []
     saved = [(g.nodes[v]["ob"].name, g.nodes[v]["ob"].type) for v in seeded] + \
         [(f"L{i}", g.nodes[g.nodes[n]["outs"][0]]["ob"].type.without(
@@ -166,8 +190,7 @@ def grad(diagram, wrt=None, name: str | None = None, residuals: bool = False):
         for v, seed in zip(seeded, args[len(args) - len(seeded):]):
             _accumulate(cts, v, seed)
         for i, n in reversed(list(enumerate(order))):
-            _reverse(g, n, i, value, cts, _saved_row_term(
-                g, n, outs_in, cts, f"D{softmaxes.index(n)}" if n in softmaxes else "D"))
+            _reverse(g, n, i, value, cts, _saved(g, n, ls, outs_in, cts, softmaxes))
         return [cts[inputs[i]] if inputs[i] in cts else
                 ops.fill(g.nodes[inputs[i]]["ob"].type, 0.0) for i in want]
     label = getattr(diagram, "name", "") or "algorithm"
@@ -197,25 +220,27 @@ def _accumulate(cts: dict, v, ct: Value) -> None:
     cts[v] = ct if v not in cts else ops.add(cts[v], ct)  # a copy's reverse: a sum
 
 
-def _saved_row_term(g, n, outs_in: dict, cts: dict, name: str):
-    """:class:`_Saved` for softmax op ``n`` when its probabilities are read by one
-    contraction only, once, whose output is a saved output keeping the softmax's rows."""
-    spec = g.nodes[n]["box"].spec
-    if not outs_in or not _plain_softmax(spec):
+def _saved(g, n, ls: dict, outs_in: dict, cts: dict, softmaxes: list):
+    """:class:`_Saved` for softmax op ``n`` whose L the forward saved (its row term from a
+    saved output where its probabilities are read by one contraction only, once, whose
+    output is a saved output keeping the softmax's rows); :class:`Reverse` otherwise."""
+    if n not in ls:
         return Reverse
+    spec = g.nodes[n]["box"].spec
+    name = f"D{softmaxes.index(n)}"
     (p,) = g.nodes[n]["outs"]
     readers = list(g.successors(p))
     if len(readers) != 1 or p in g.graph["outputs"]:
-        return Reverse
+        return _Saved(ls[n], None, name)
     m = g.nodes[readers[0]]
     (y,) = m["outs"] if len(m["outs"]) == 1 else (None,)
     if m["box"].spec.kind != "contract" or m["ins"].count(p) != 1 or y not in outs_in \
             or y not in cts:
-        return Reverse
+        return _Saved(ls[n], None, name)
     rows = set(g.nodes[p]["ob"].type.without(spec.axis).names)
     if not rows <= set(g.nodes[y]["ob"].type.names):
-        return Reverse
-    return _Saved(cts[y], outs_in[y], name)
+        return _Saved(ls[n], None, name)
+    return _Saved(ls[n], (cts[y], outs_in[y]), name)
 
 
 def _reverse(g, n, i: int, value: dict, cts: dict, ad=Reverse) -> None:
