@@ -126,3 +126,18 @@ def test_streaming_keeps_low_precision_output_dtypes():
               softmax_contraction.generic("bf16"), sum_contraction.reduction("mean", "bf16")):
         st = stream_rule(D, "x")
         assert st.rewritten.cod == D.cod, (D.cod, st.rewritten.cod)
+
+
+def test_a_counterexample_is_one_of_the_claim_not_of_its_canonical_form(monkeypatch):
+    """The canonical forms' many terms can cancel past what sympy.N evaluates a Max to (a
+    sink's saved L: 2.1e-13 at one point where mpmath at 400 digits gives 3e-398).  A
+    residue nonzero where the claim as written is 0 is no counterexample; a claim nonzero
+    there still is."""
+    import sympy
+    import proofs._core as core
+    x, y = sympy.symbols("x y", real=True)
+    monkeypatch.setattr(core, "_CANON", (("off", lambda e: e + sympy.Rational(1, 10**9)),))
+    ok, how = core.decide_zero(sympy.Max(x, y) + sympy.Min(x, y) - x - y)
+    assert "counterexample" not in how
+    ok, how = core.decide_zero(sympy.Max(x, y) - x)
+    assert not ok and "counterexample" in how
