@@ -228,7 +228,8 @@ def prove_each() -> list[ProofResult]:
     return [prove_case(c) for c in _cases()] + [prove_saved()]
 
 
-SAVED = ("attention", "causal_attention", "gqa", "softcap_attention")
+SAVED = ("attention", "causal_attention", "gqa", "softcap_attention", "cross_entropy",
+         "linear_cross_entropy")
 
 
 def _from_saved(name: str, wrong: bool = False) -> str:
@@ -239,7 +240,7 @@ def _from_saved(name: str, wrong: bool = False) -> str:
     from napkin.frontend.grad import grad, residuals
     from proofs._core import library, symbols
     d = library(name)
-    sizes = {"q": 2, "x": 2, "d": 2, "k": 1, "r": 2}
+    sizes = {"q": 2, "x": 2, "d": 2, "k": 1, "r": 2, "n": 2, "v": 2}
     ctx, xs = sym_ctx(sizes), sym_inputs(d, sizes)
     saved = list(run(residuals(d), ctx, *xs))
     if wrong:
@@ -253,8 +254,9 @@ def prove_saved(wrong: bool = False) -> ProofResult:
     """The backward from the saved residuals is the backward: a softmax replayed as
     exp(S − L) from the saved L, and its row term Σ_x dP ⊙ P read as Σ dO ⊙ O — the
     adjoint of the contraction O = P·V, in which P enters linearly and once — equal
-    napkin.grad's own cotangents, symbolically, for attention, causal attention, GQA and
-    soft-capped attention; in float64 for attention and attention with a sink (whose L
+    napkin.grad's own cotangents, symbolically, for attention, causal attention, GQA,
+    soft-capped attention and the cross-entropies (a logsumexp read from its saved value);
+    in float64 for attention and attention with a sink (whose L
     holds the sink's logit and whose sink probability is exp(s − L))."""
     rule = "wrong vjp: L saved off by one" if wrong else "vjp from saved residuals (L, O)"
     proof = Proof(rule, MODULE, prove_saved.__doc__)

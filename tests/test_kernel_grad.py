@@ -43,7 +43,8 @@ def _rel(got, want):
 
 @pytest.mark.parametrize("name", ["attention", "causal_attention", "gqa",
                                   "sliding_window_attention", "softcap_attention",
-                                  "cross_entropy", "rmsnorm_matmul", "mlp"])
+                                  "cross_entropy", "linear_cross_entropy", "rmsnorm_matmul",
+                                  "mlp"])
 def test_jax_grad_through_the_kernel_matches_the_reference(name):
     alg = LIBRARY[name]
     opt, sizes = _fitted(name)
@@ -182,3 +183,15 @@ def test_sink_attentions_backward_reads_the_saved_logsumexp():
         want = _grads(alg.reference, [a.astype(jnp.float64) for a in (Q, K, V, sink)],
                       c.astype(jnp.float64))
     assert _rel(got, want) <= 1e-5
+
+
+def test_a_saved_logsumexp_spares_the_backward_a_pass_over_the_vocabulary():
+    """Linear cross-entropy's logsumexp over the vocabulary was recomputed by each
+    cotangent's program: dW in 2 kernels (the row statistics first), the backward 8.6× the
+    forward.  The forward saves it (L0, as a softmax's L) and the backward reads it: dW is
+    one stream over the tokens per vocabulary tile."""
+    opt = nk.optimize("linear_cross_entropy", dtype="bf16")
+    assert "L0" in [ob.name for ob in opt.saving.algorithm.cod.inside]
+    pieces = dict(opt.backward.pieces)
+    assert len(pieces[("W",)].search.best.tiles.launch) == 1
+    assert opt.backward.time_s < 4 * opt.search.best.time_s

@@ -10,8 +10,8 @@ proofs/vjp.py) and summing the cotangents of a value read more than once — a c
 is a sum.  Integer and boolean values carry no cotangent, as in JAX.
 
 ``residuals(diagram)`` is the forward that also saves each softmax's row logsumexp (a
-sink's logit inside it), and ``grad(..., residuals=True)`` the backward that reads it and
-the saved outputs.
+sink's logit inside it) and each logsumexp's value, and ``grad(..., residuals=True)`` the
+backward that reads them and the saved outputs.
 """
 from __future__ import annotations
 
@@ -84,7 +84,8 @@ class _Saved(Reverse):
 
 def statistics(diagram) -> set:
     """The names of the row statistics of a :func:`residuals` forward or a
-    ``grad(..., residuals=True)`` backward — each softmax's saved L and its row term
+    ``grad(..., residuals=True)`` backward — each saved L (a softmax's, a logsumexp's) and a
+    softmax's row term
     D = Σ dO ⊙ O, among the program's inputs, outputs and the values between its kernels:
     kept in f32 whatever the storage dtype (a bf16 L, off by 2⁻⁸ of itself, would scale
     every recomputed probability exp(S − L) by up to e^0.06), as FlashAttention keeps them."""
@@ -95,8 +96,9 @@ def statistics(diagram) -> set:
 
 def residuals(diagram):
     """The forward with what its backward saves (``grad(..., residuals=True)`` reads them):
-    its outputs, then each softmax's row logsumexp L = log Σ exp(S) over its axis, named
-    ``L<i>`` (the i-th softmax).  The forward's streams compute L with their own state (the
+    its outputs, then each softmax's row logsumexp L = log Σ exp(S) over its axis (a sink's
+    logit inside) and each logsumexp's value that is not an output, named ``L<i>`` (the i-th
+    such op).  The forward's streams compute L with their own state (the
     search fuses it into the softmax-contraction's stream)."""
     g = view(diagram)
     inputs = g.graph["inputs"]
@@ -109,8 +111,15 @@ def residuals(diagram):
         for n in order:
             node = g.nodes[n]
             ins = [value[v] for v in node["ins"]]
-            _replay(g, node, ins, value)
-            if _saves_lse(node["box"].spec):
+            if not _saves_lse(g, n):
+                _replay(g, node, ins, value)
+            elif node["box"].spec.kind == "reduce":  # a logsumexp: its value is the L
+                (value[node["outs"][0]],) = ops.apply(node["box"].spec, *ins,
+                                                      name=node["box"].name,
+                                                      out_names=[f"L{len(saved)}"])
+                saved.append(value[node["outs"][0]])
+            else:
+                _replay(g, node, ins, value)
                 saved.append(_lse(ins, node["box"].spec.axis, f"L{len(saved)}"))
         return [value[v] for v in g.graph["outputs"]] + saved
     label = getattr(diagram, "name", "") or "algorithm"
@@ -124,10 +133,19 @@ def _replay(g, node, ins, value: dict) -> None:
         out_names=[g.nodes[v]["ob"].name for v in node["outs"]])))
 
 
-def _saves_lse(spec) -> bool:
-    """A softmax (with a sink or without): its forward saves the row logsumexp L."""
-    from napkin.core.primitives import Softmax, SinkSoftmax
+def _saves_lse(g, n) -> bool:
+    """Whether op ``n``'s forward saves a row logsumexp L: a softmax's (with a sink or
+    without), or a logsumexp's own value — where it is not an output of the algorithm
+    already (the backward reads that one among the saved outputs)."""
+    from napkin.core.primitives import Reduce, Softmax, SinkSoftmax
+    spec = g.nodes[n]["box"].spec
+    if type(spec) is Reduce:
+        return spec.fn == "logsumexp" and g.nodes[n]["outs"][0] not in g.graph["outputs"]
     return type(spec) in (Softmax, SinkSoftmax)
+
+
+def _is_lse(spec) -> bool:
+    return spec.kind == "reduce" and spec.fn == "logsumexp"
 
 
 def _lse(ins, axis: str, name: str) -> Value:
@@ -161,8 +179,7 @@ def grad(diagram, wrt=None, name: str | None = None, residuals: bool = False):
     if not seeded:
         raise NapkinError("grad: the algorithm has no floating output to differentiate")
     order = op_order(g)
-    softmaxes = [n for n in order if _saves_lse(g.nodes[n]["box"].spec)] \
-        if residuals else []
+    softmaxes = [n for n in order if _saves_lse(g, n)] if residuals else []
     saved = [(g.nodes[v]["ob"].name, g.nodes[v]["ob"].type) for v in seeded] + \
         [(f"L{i}", g.nodes[g.nodes[n]["outs"][0]]["ob"].type.without(
             g.nodes[n]["box"].spec.axis)) for i, n in enumerate(softmaxes)] \
@@ -178,6 +195,10 @@ def grad(diagram, wrt=None, name: str | None = None, residuals: bool = False):
         for n in order:  # the forward, replayed
             node = g.nodes[n]
             ins = [value[v] for v in node["ins"]]
+            if _is_lse(node["box"].spec) and (n in ls or node["outs"][0] in outs_in):
+                # a logsumexp: the saved L (or the saved output it is), not a pass again
+                value[node["outs"][0]] = ls[n] if n in ls else outs_in[node["outs"][0]]
+                continue
             if n in ls:  # softmax from the saved L: exp(S − L + (L − L)), zero where the row
                 # kept none (rewrites.softmax_lse's form: NaN throughout a row of L = +∞)
                 L = ls[n]
@@ -224,9 +245,9 @@ def _saved(g, n, ls: dict, outs_in: dict, cts: dict, softmaxes: list):
     """:class:`_Saved` for softmax op ``n`` whose L the forward saved (its row term from a
     saved output where its probabilities are read by one contraction only, once, whose
     output is a saved output keeping the softmax's rows); :class:`Reverse` otherwise."""
-    if n not in ls:
-        return Reverse
     spec = g.nodes[n]["box"].spec
+    if n not in ls or spec.kind != "softmax":
+        return Reverse
     name = f"D{softmaxes.index(n)}"
     (p,) = g.nodes[n]["outs"]
     readers = list(g.successors(p))
