@@ -85,10 +85,10 @@ class _Saved(Reverse):
 def statistics(diagram) -> set:
     """The names of the row statistics of a :func:`residuals` forward or a
     ``grad(..., residuals=True)`` backward — each saved L (a softmax's, a logsumexp's) and a
-    softmax's row term
-    D = Σ dO ⊙ O, among the program's inputs, outputs and the values between its kernels:
-    kept in f32 whatever the storage dtype (a bf16 L, off by 2⁻⁸ of itself, would scale
-    every recomputed probability exp(S − L) by up to e^0.06), as FlashAttention keeps them."""
+    softmax's row term D = Σ dO ⊙ O, among the program's inputs, outputs and the values
+    between its kernels: kept in f32 whatever the storage dtype (a bf16 L, off by 2⁻⁸ of
+    itself, would scale every recomputed probability exp(S − L) by up to e^0.06), as
+    FlashAttention keeps them."""
     wires = [ob.name for ob in (*diagram.dom.inside, *diagram.cod.inside)]
     wires += [ob.name for box in diagram.boxes for ob in box.cod.inside]
     return {n for n in wires if re.fullmatch(r"[LD]\d+", n)}
@@ -162,9 +162,10 @@ def grad(diagram, wrt=None, name: str | None = None, residuals: bool = False):
     """The backward diagram of ``diagram`` (see the module doc).  ``wrt``: input names (or
     positions) whose cotangents it outputs, default every floating input.  ``residuals``:
     the backward of :func:`residuals`'s forward — its inputs the algorithm's, then its
-    floating outputs and the softmaxes' L (what the forward saved), then the cotangents;
-    a softmax is replayed as exp(S − L) from the saved L, and its row term read from a
-    saved output where only a contraction reads it (:class:`_Saved`)."""
+    floating outputs and the saved L (what the forward saved), then the cotangents;
+    a softmax is replayed as exp(S − L) from the saved L, a logsumexp read as its L, and a
+    softmax's row term read from a saved output where only a contraction reads it
+    (:class:`_Saved`)."""
     stopped = getattr(diagram, "stop_gradients", None)
     if stopped:
         raise NapkinError(f"grad: the function stops gradients {stopped[0]} "
@@ -179,10 +180,10 @@ def grad(diagram, wrt=None, name: str | None = None, residuals: bool = False):
     if not seeded:
         raise NapkinError("grad: the algorithm has no floating output to differentiate")
     order = op_order(g)
-    softmaxes = [n for n in order if _saves_lse(g, n)] if residuals else []
+    stats = [n for n in order if _saves_lse(g, n)] if residuals else []  # each saves an L
     saved = [(g.nodes[v]["ob"].name, g.nodes[v]["ob"].type) for v in seeded] + \
         [(f"L{i}", g.nodes[g.nodes[n]["outs"][0]]["ob"].type.without(
-            g.nodes[n]["box"].spec.axis)) for i, n in enumerate(softmaxes)] \
+            g.nodes[n]["box"].spec.axis)) for i, n in enumerate(stats)] \
         if residuals else []
     pairs = [(g.nodes[v]["ob"].name, g.nodes[v]["ob"].type) for v in inputs] + saved + \
         [(f"d{g.nodes[v]['ob'].name}", g.nodes[v]["ob"].type) for v in seeded]
@@ -191,7 +192,7 @@ def grad(diagram, wrt=None, name: str | None = None, residuals: bool = False):
         value = dict(zip(inputs, args))
         at = len(inputs)
         outs_in = dict(zip(seeded, args[at:at + len(seeded)])) if residuals else {}
-        ls = dict(zip(softmaxes, args[at + len(outs_in):at + len(outs_in) + len(softmaxes)]))
+        ls = dict(zip(stats, args[at + len(outs_in):at + len(outs_in) + len(stats)]))
         for n in order:  # the forward, replayed
             node = g.nodes[n]
             ins = [value[v] for v in node["ins"]]
@@ -211,7 +212,7 @@ def grad(diagram, wrt=None, name: str | None = None, residuals: bool = False):
         for v, seed in zip(seeded, args[len(args) - len(seeded):]):
             _accumulate(cts, v, seed)
         for i, n in reversed(list(enumerate(order))):
-            _reverse(g, n, i, value, cts, _saved(g, n, ls, outs_in, cts, softmaxes))
+            _reverse(g, n, i, value, cts, _saved(g, n, ls, outs_in, cts, stats))
         return [cts[inputs[i]] if inputs[i] in cts else
                 ops.fill(g.nodes[inputs[i]]["ob"].type, 0.0) for i in want]
     label = getattr(diagram, "name", "") or "algorithm"
@@ -241,14 +242,14 @@ def _accumulate(cts: dict, v, ct: Value) -> None:
     cts[v] = ct if v not in cts else ops.add(cts[v], ct)  # a copy's reverse: a sum
 
 
-def _saved(g, n, ls: dict, outs_in: dict, cts: dict, softmaxes: list):
+def _saved(g, n, ls: dict, outs_in: dict, cts: dict, stats: list):
     """:class:`_Saved` for softmax op ``n`` whose L the forward saved (its row term from a
     saved output where its probabilities are read by one contraction only, once, whose
     output is a saved output keeping the softmax's rows); :class:`Reverse` otherwise."""
     spec = g.nodes[n]["box"].spec
     if n not in ls or spec.kind != "softmax":
         return Reverse
-    name = f"D{softmaxes.index(n)}"
+    name = f"D{stats.index(n)}"
     (p,) = g.nodes[n]["outs"]
     readers = list(g.successors(p))
     if len(readers) != 1 or p in g.graph["outputs"]:

@@ -1,4 +1,4 @@
-"""A diagram mapped over axes — every input carries them and no box reduces them (MHA's
+"""A diagram mapped over axes — every input carries them and no box mixes them (MHA's
 heads, a batch) — is one program per index.  Searched whole, the
 best-first meets the kernels of one index only after grouping them (MHA's backward: a
 group over the keys, a stream over the queries, both infeasible until a group over the
