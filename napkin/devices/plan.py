@@ -119,9 +119,7 @@ class Distributed:
         state = 0.0
         if p.strategy.kind in ("ring", "gather"):
             (outers, box), _ = mergeable_stream((opt.sequential or opt).program)
-            state = _state_bytes(box, outers, local)
-            if p.strategy.kind == "gather":
-                state *= _parts(opt, p.strategy.stream, local)
+            state = _sent_state(opt, p.strategy, box, outers, local)
         # the per-device program and what crosses the links at these sizes (the times stay
         # the ones priced at scale: a fitted program is run, not searched)
         fitted = dataclasses.replace(p, local=opt, sizes=local, link_bytes=link_bytes(
@@ -426,9 +424,7 @@ def _price(s: Strategy, diagram, sizes, hw, dtype, searched) -> Priced:
         return p
     outers, box = found
     fold = opt.search.best.time_s
-    state = _state_bytes(box, outers, local)
-    if s.kind == "gather":
-        state *= _parts(opt, s.stream, local)
+    state = _sent_state(opt, s, box, outers, local)
     hbm = hw.memory_bandwidth
     merge = 3 * state / hbm            # read two states, write one (f32)
     p.link_bytes = link_bytes(s, diagram, local, dtype, state)
@@ -564,6 +560,13 @@ def _size(s, sizes) -> int:
     v = sympy.sympify(s).xreplace({sym: sympy.Integer(sizes.get(str(sym), 1))
                                    for sym in sympy.sympify(s).free_symbols})
     return int(v)
+
+
+def _sent_state(opt, s, box, outers, local: dict) -> float:
+    """The stream's state a device sends: one per part of its keys where a gather's
+    program split them (each merged with the other devices' states), else one."""
+    state = _state_bytes(box, outers, local)
+    return state * _parts(opt, s.stream, local) if s.kind == "gather" else state
 
 
 def _parts(opt, axis: str, local: dict) -> int:

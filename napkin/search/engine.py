@@ -588,9 +588,10 @@ def _search(diagram, hardware, sizes, dtype, max_states, max_seconds, objective,
     apart = _apart(start, two) + ([_each_box((diagram, ()), two)] if start[1] else [])
     roots = [start, *apart] if pieced is None else [pieced, *apart]
 
+    limits = dict(commute=commute, prune=prune, patience=patience, algorithm=diagram)
+
     def searched(ev, roots_, **kw):
-        run = _best_first(roots_, ev, max_states, max_seconds, t0, commute=commute,
-                          prune=prune, patience=patience, algorithm=diagram, **kw)
+        run = _best_first(roots_, ev, max_states, max_seconds, t0, **limits, **kw)
         if kw:  # (a refinement: its seeds hold the mapped program already)
             return run
         # a diagram mapped over axes (MHA's heads): one index's program, a block per index,
@@ -602,7 +603,6 @@ def _search(diagram, hardware, sizes, dtype, max_states, max_seconds, objective,
             return run
         mapped = per_index(start, ev, max_states, MAPPED_SHARE * max_seconds, patience)
         if mapped is not None:
-            limits = dict(commute=commute, prune=prune, patience=patience, algorithm=diagram)
             probe = _best_first([mapped], ev, 1, max_seconds, t0, **limits)
             if probe.best.feasible and \
                     probe.best.time_s < (1 - SIGNIFICANT) * run.best.time_s:

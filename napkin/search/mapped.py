@@ -5,8 +5,8 @@ group over the keys, a stream over the queries, both infeasible until a group ov
 heads comes last, then the D kernel's groups: 3,000 states did not get there).  So it is
 also searched at those axes' size 1 — one head's problem, attention's — and each kernel of
 that answer is then grouped over them, one block per index: the grid axis FlashAttention
-gives the heads.  The engine starts its search from that program too; where it is not the
-best, the search's own answer stands."""
+gives the heads.  Where that program beats the search's answer, the engine searches on
+from it in a run of its own and keeps the better (napkin.search.engine)."""
 from __future__ import annotations
 
 from napkin.core.errors import RuleError
