@@ -124,6 +124,60 @@ def test_kernel_source_is_warp_specialised():
     assert "copy_gmem_to_smem" in src and "copy_smem_to_gmem" in src
 
 
+def test_two_consumers_take_turns_on_the_tensor_cores(monkeypatch):
+    """FlashAttention-3's ping-pong, from the step's diagram: where a step's product reads
+    a value the step computed (P·V after the softmax), two consumer warpgroups take turns —
+    a turn once the step's first product is issued and one before the product of the
+    computed value, the second consumer a turn behind (one before the pipeline, the first
+    consumer one after it: each takes as many). The exported module holds the turn barrier
+    (one more barrier, its arrivals and waits: two a step, two around the pipeline), and
+    interpret mode still matches float64 (gqa and alibi take turns there too)."""
+    # the backward's dQ step at two consumers: S's product (a turn once issued), dP's (both
+    # operands loaded: none), dQ's of the computed dS (a turn before)
+    r = napkin.optimize("attention", hardware="h200", sizes={"q": 256, "x": 256, "d": 64},
+                        dtype="bf16")
+    dq = dict(r.backward.pieces)[("Q",)].with_tiles({"s_x": 64, "g_q": 128})
+    dq_shapes = [tuple(dq.sizes[a.name] for a in ob.type.axes)
+                 for ob in dq.algorithm.dom.inside]
+    step = dq._forward_kernel("mosaic", True, "bf16").source(*dq_shapes).split("def x_chunk")[1]
+    products = [ln.split("= ")[1].split("(")[0] + (" turn " + ln.split("=")[-1][:-1]
+                                                   if "turns)" in ln else "")
+                for ln in step.splitlines() if " = _mma" in ln]
+    assert products == ["_mma turn turns", "_mma", "_mma_into_registers turn turns"], products
+    _, k, shapes = kernel_for("mha, 2 consumers of 64 q")
+    spec = k.plan(*shapes)
+    src = spec.source
+    assert "S = _mma(Q_wg, K_wg.T, (64, 64), after=turns)" in src
+    assert "_mma_into_registers(" in src and "before=turns)" in src
+    assert src.index("pl.when(wg == 1)(lambda: _turn(turns))") < src.index(" = run((") < \
+        src.index("pl.when(wg == 0)(lambda: _turn(turns))")
+    assert "plgpu.Barrier(num_arrivals=2)" in src and spec.written.smem["barriers"] % 8 == 0
+    assert any("take turns" in n for n in spec.notes)
+    on = facts_of(k, shapes)
+    monkeypatch.setattr(mg, "waits_on_its_step", lambda *a: False)
+    off_k = lower(k.program, k.tiles, backend="mosaic", dtype="bf16", schedule=k.schedule)
+    assert "_turn(" not in off_k.source(*shapes).split("def kernel")[1]
+    off = facts_of(off_k, shapes)
+    assert (on.arrivals - off.arrivals, on.waits - off.waits) == (4, 4)
+    assert on.shared_memory == off.shared_memory + 8 and on.wgmma == off.wgmma
+    alg = get("mha")
+    xs = alg.sample(np.random.default_rng(5), CASES["mha, 2 consumers of 64 q"][1])
+    if mg.interpret_supported():
+        want = np.asarray(alg.reference(*xs), np.float64)
+        got = np.asarray(k(*xs, interpret=True), np.float64)
+        assert np.max(np.abs(got - want)) <= 2e-2 * np.max(np.abs(want))
+
+
+@pytest.mark.parametrize("case", ["matmul streamed over b", "3 consumers (the paper's)",
+                                  "attention"])
+def test_no_turns_where_nothing_waits_or_not_two_consumers(case):
+    """A matmul's step has no product of a computed value (nothing to overlap); three
+    consumers, or one, have no partner to alternate with: no turn barrier."""
+    _, k, shapes = kernel_for(case)
+    src = k.source(*shapes)
+    assert "_turn(" not in src.split("def kernel")[1] and "num_arrivals=" not in src
+
+
 def refusal_of(name, sizes, dtype="bf16", tiles=None, searched_at=None, **launch):
     r = napkin.optimize(name, hardware="h200", sizes=searched_at or sizes, dtype=dtype)
     k = lower(r.program, {**r.tiles, **(tiles or {})}, backend="mosaic", dtype=dtype, **launch)

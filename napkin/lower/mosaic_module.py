@@ -61,6 +61,9 @@ class ModuleFacts:
     threads: int
     wgmma_kinds: tuple = ()   # the distinct wgmma instructions (shape and operand types)
     approx_exp: int = 0       # ex2.approx: exp2 on the special-function unit (approx_math)
+    arrivals: int = 0         # plain barrier arrivals (no TMA byte count): consumers' signals
+    waits: int = 0            # barrier waits (mbarrier.try_wait)
+    mma_waits: int = 0        # wgmma.wait_group: where a consumer waits for its products
 
     @classmethod
     def read(cls, module: str) -> ModuleFacts:
@@ -77,4 +80,7 @@ class ModuleFacts:
                    int(threads[0]) if threads else 0,
                    tuple(sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.([\w.]+)",
                                                module)))),
-                   len(re.findall(r"ex2\.approx", module)))
+                   len(re.findall(r"ex2\.approx", module)),
+                   len(re.findall(r"mbarrier\.arrive\.release", module)),
+                   len(re.findall(r"mbarrier\.try_wait", module)),
+                   len(re.findall(r"wgmma\.wait_group", module)))

@@ -113,11 +113,33 @@ class MosaicRecorder(Recorder):
                 mma = getattr(prod, "mma", None)
                 if mma and isinstance(acc, Var) and acc.shape == prod.shape and \
                         acc.dtype == np.float32 and not isinstance(acc, SmemRef):
-                    A, B, kind = mma
-                    return self.w.let(f"_mma_into{kind}({acc.name}, {A}, {B})",
+                    A, B, kind, turn = mma
+                    return self.w.let(f"_mma_into{kind}({acc.name}, {A}, {B}{turn})",
                                       aval=prod.aval)
             return plain(a, b)
         self.add = add
+
+    # A stream's step in which two consumer warpgroups take turns on the tensor cores
+    # (FlashAttention-3's ping-pong): the barrier's name while such a step is written.  The
+    # step's first product takes a turn once issued (the other consumer's products run
+    # while this one waits for its result and works on it), and a product of a value the
+    # step computed takes one before it is issued (the other consumer's softmax ran
+    # meanwhile).  Every consumer runs the same code, so each takes as many turns.
+    turns: str | None = None
+    _issued = False
+
+    def turn(self, a) -> str:
+        """The turn keyword of a product whose first operand is ``a`` ("" for none)."""
+        if self.turns is None:
+            return ""
+        first, self._issued = not self._issued, True
+        if not isinstance(a, SmemRef):
+            return f", before={self.turns}"
+        return f", after={self.turns}" if first else ""
+
+    def take_turns(self, barrier: str | None) -> None:
+        """Turns on (a barrier's name) for the step written next, or off (None)."""
+        self.turns, self._issued = barrier, False
 
     def reshape(self, x, shape):
         """A reshape that only inserts unit axes remembers its source and where its axes
@@ -169,9 +191,10 @@ class MosaicRecorder(Recorder):
         A = operand(a, la, fa[0] + contracted[0], "A")
         B = operand(b, lb, contracted[0] + fb[0], "B")
         helper = "_mma" if isinstance(a, SmemRef) else "_mma_registers"
-        c = self.w.let(f"{helper}({A}, {B}, ({m}, {n}))",
+        turn = self.turn(a)
+        c = self.w.let(f"{helper}({A}, {B}, ({m}, {n}){turn})",
                        aval=jax.ShapeDtypeStruct((m, n), jnp.float32))
-        c.mma = (A, B, "" if isinstance(a, SmemRef) else "_registers")
+        c.mma = (A, B, "" if isinstance(a, SmemRef) else "_registers", turn)
         if out != fa[0] + fb[0]:
             c = self.transpose(c, [1, 0])
         c.origin = ("dot",)
@@ -182,40 +205,57 @@ HELPERS = '''
 _MODE = {"interpret": False}
 
 
-def _mma(a, b, shape):
-    """a @ b on the tensor cores (wgmma), both operands in shared memory."""
+def _turn(barrier):
+    """The two consumer warpgroups take turns on the tensor cores (FlashAttention-3's
+    ping-pong): a phase of ``barrier`` completes when both have arrived."""
+    if barrier is not None:
+        plgpu.barrier_arrive(barrier)
+        plgpu.barrier_wait(barrier)
+
+
+def _mma(a, b, shape, before=None, after=None):
+    """a @ b on the tensor cores (wgmma), both operands in shared memory; ``before`` /
+    ``after``: a turn (see _turn) taken before issuing it / after issuing it, before its
+    result is waited for."""
+    _turn(before)
+
     def run(acc):
         plgpu.wgmma(acc, a, b)
+        _turn(after)
         return acc[...]
     return pl.run_scoped(run, plgpu.ACC(shape, jnp.float32))
 
 
-def _mma_registers(a, b, shape):
+def _mma_registers(a, b, shape, before=None, after=None):
     """a @ b with ``a`` in registers (WGMMA layout), ``b`` in shared memory; interpret mode's
     wgmma reads shared memory only, so there it is a plain dot."""
     if _MODE["interpret"]:
-        return lax.dot_general(a, b[...], (((1,), (0,)), ((), ())),
-                               preferred_element_type=jnp.float32)
-    return _mma(a, b, shape)
+        _turn(before)
+        out = lax.dot_general(a, b[...], (((1,), (0,)), ((), ())),
+                              preferred_element_type=jnp.float32)
+        _turn(after)
+        return out
+    return _mma(a, b, shape, before, after)
 
 
-def _mma_into(acc, a, b):
+def _mma_into(acc, a, b, before=None, after=None):
     """acc + a @ b, accumulated on the tensor cores into ``acc``'s registers (interpret
     mode does not run an accumulator initialised from registers: a fresh one, and an add)."""
     if _MODE["interpret"]:
-        return acc + _mma(a, b, acc.shape)
+        return acc + _mma(a, b, acc.shape, before, after)
+    _turn(before)
 
     def run(acc_ref):
         plgpu.wgmma(acc_ref, a, b)
+        _turn(after)
     return pl.run_state(run)(plgpu.ACC.init(acc))
 
 
-def _mma_into_registers(acc, a, b):
+def _mma_into_registers(acc, a, b, before=None, after=None):
     """acc + a @ b with ``a`` in registers (see _mma_registers)."""
     if _MODE["interpret"]:
-        return acc + lax.dot_general(a, b[...], (((1,), (0,)), ((), ())),
-                                     preferred_element_type=jnp.float32)
-    return _mma_into(acc, a, b)
+        return acc + _mma_registers(a, b, acc.shape, before, after)
+    return _mma_into(acc, a, b, before, after)
 
 
 def _transforms(block, dtype):

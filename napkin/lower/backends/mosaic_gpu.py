@@ -19,6 +19,14 @@ the way FlashAttention-3 runs on Hopper (the paper's §5 configuration):
 * **inputs loaded once** (a query tile) — one TMA copy per consumer into shared memory;
 * **contractions** — ``plgpu.wgmma`` into an ``ACC``: operands in shared memory in place
   (Kᵀ as a transposed view), a first operand computed in the kernel (P) from registers;
+* **turns on the tensor cores** (FlashAttention-3's ping-pong) — where a step has a product
+  of a value it computed or carries (P·V after the softmax: :func:`waits_on_its_step`, read
+  off the step's diagram, not a template), two consumers alternate through a barrier of two
+  arrivals: a turn once the step's first product is issued, one before each product of a
+  computed value, the second consumer a turn behind — so one's products run while the other
+  works on its last results.  Every consumer runs the same step the same number of times
+  (the pipeline's steps are the program's), so each takes as many turns; none is taken
+  inside a mask's ``lax.cond`` (its branch differs per consumer);
 * **every other box** through its primitive's ``evaluate`` with a recording namespace
   (:class:`MosaicRecorder`), as the Triton backend does: the kernel's code is the semantics'
   own box mapping; broadcasts are written as ``lax.broadcast_in_dim`` (Mosaic's layouts need
@@ -59,7 +67,7 @@ from napkin.lower.backends.mosaic_emit import HELPERS, MosaicRecorder, MosaicWri
 from napkin.lower.emit import LOW_PRECISION, Var, dtype_name
 from napkin.core.ir import to_graph
 from napkin.lower.plan import BlockRules, KernelPlan, loop_boxes, tile_indices
-from napkin.core.primitives import EvalContext
+from napkin.core.primitives import EvalContext, matmul_sides
 from napkin.core.semantics import fold_boxes
 from napkin.frontend.weave import unweavable, unweave
 
@@ -198,6 +206,21 @@ def refusal(plan: KernelPlan) -> str:
     return ""
 
 
+def waits_on_its_step(update, args) -> bool:
+    """Whether a stream's step (its ``update`` diagram, read with ``args``) has a matrix
+    product of a value held in registers — one the step computed (P in P·V) or carries —,
+    so that the tensor cores wait on the step's own work: then two consumers can take
+    turns, one's products running while the other computes."""
+    waits = []
+
+    def apply(box, ins):
+        if matmul_sides(box) is not None and any(ins):
+            waits.append(box)
+        return [True] * len(box.cod)
+    fold_boxes(update, [not isinstance(a, SmemRef) for a in args], apply)
+    return bool(waits)
+
+
 # ------------------------------------------------------------------ the spelling
 class _Spelling:
     def __init__(self, kernel, plan: KernelPlan, stages: int):
@@ -230,6 +253,7 @@ class _Spelling:
         # to SMEM_ALIGNMENT and reserves scratch for cross-warp reductions
         self.smem = {"staged": 0, "epilogue": 0, "alignment": 0, "reduction scratch": 0,
                      "barriers": 0}
+        self.turns = None  # the consumers' ping-pong barrier, where the stream's step takes turns
 
     # -------------------------------------------------------------- shapes and windows
     def consumer_shape(self, ap) -> tuple:
@@ -377,8 +401,17 @@ class _Spelling:
         offsets = dict(ctx.offsets)
         offsets[ax] = start
         first = len(w.lines)
+        turns = self.split.consumers == 2 and waits_on_its_step(spec.update,
+                                                                st_in + chunk_args)
+        if turns:
+            self.turns = w.reserve("turns")
+            self.notes.append(f"stream {ax}: the two consumers take turns on the tensor cores "
+                              f"(ping-pong): one's products run while the other works on "
+                              f"its last ones' results")
+        self.xp.take_turns(self.turns if turns else None)
         new = self.run(spec.update, EvalContext(env, offsets, self.xp), st_in + chunk_args,
                        step=True)
+        self.xp.take_turns(None)
         outs = []
         for var, init in zip(new, state):
             if var.dtype != init.dtype:
@@ -395,8 +428,12 @@ class _Spelling:
                  for v, ob in zip(state, spec.init.cod.inside)]
         rest = [w.fresh("_") for _ in carried]
         lhs = [v.name for v in final] + rest
+        if turns:  # the second consumer starts a turn behind; the first ends with one more
+            w.line(f"pl.when(wg == 1)(lambda: _turn({self.turns}))")
         w.line(f"{', '.join(lhs)}{',' if len(lhs) == 1 else ''} = run(({', '.join(init)}"
                f"{',' if len(init) == 1 else ''}))")
+        if turns:
+            w.line(f"pl.when(wg == 0)(lambda: _turn({self.turns}))")
         fin = EvalContext(env, ctx.offsets, self.xp)
         return self.run(spec.finalize, fin, final + fixed)
 
@@ -413,6 +450,7 @@ class _Spelling:
         windows = self.pipeline() if self.stream_box else []
         w.line()
         params = (["allocs"] if self.stream_box else []) + scratch_names
+        scoped = len(w.lines)
         w.line(f"def scoped({', '.join(params)}):")
         w.indent()
         w.line("wg = lax.axis_index('wg')")
@@ -429,6 +467,10 @@ class _Spelling:
         else:
             w.line("consumer()")
         w.dedent()
+        if self.turns:  # the step asked for turns: their barrier, one arrival per consumer
+            w.lines[scoped] = w.lines[scoped].replace("):", f", {self.turns}):")
+            scratch.append(f"plgpu.Barrier(num_arrivals={self.split.consumers})")
+            self.smem["barriers"] += 8
         allocs = ([f"pipeline(_ignore, _ignore).get_allocations({', '.join(windows)})"]
                   if self.stream_box else [])
         w.line(f"pl.run_scoped(scoped, {', '.join(allocs + scratch)}, collective_axes='wg')")
