@@ -168,6 +168,30 @@ def test_two_consumers_take_turns_on_the_tensor_cores(monkeypatch):
         assert np.max(np.abs(got - want)) <= 2e-2 * np.max(np.abs(want))
 
 
+def test_each_streamed_input_has_its_own_barrier():
+    """K and V land on barriers of their own (the pipeline's manual produced barriers): the
+    step waits for K just before Q·Kᵀ and for V only before P·V, so the product can start
+    on K alone; a chunk read first by an elementwise box (a bias) is waited for there, and
+    writing a read of a chunk before its wait is a writer's error, not a silent race."""
+    _, k, shapes = kernel_for("causal")
+    step = k.source(*shapes).split("def x_chunk")[1].split("steps[")[0]
+    assert "manual_produced_barriers=True" in k.source(*shapes)
+    lines = [ln.strip() for ln in step.splitlines()]
+    at = {key: next(i for i, ln in enumerate(lines) if key in ln)
+          for key in ("barrier_wait(K_ready)", "_mma(Q_wg, K_wg.T", "barrier_wait(V_ready)",
+                      "_mma_into_registers(")}
+    assert at["barrier_wait(K_ready)"] < at["_mma(Q_wg, K_wg.T"] < at["barrier_wait(V_ready)"] \
+        < at["_mma_into_registers("]
+    assert sum("barrier_wait(" in ln for ln in lines) == 2  # once a step each
+    import jax
+    import jax.numpy as jnp
+    from napkin.lower.backends.mosaic_emit import MosaicWriter, SmemRef
+    ref = SmemRef(MosaicWriter(), "bias_wg", jax.ShapeDtypeStruct((64,), jnp.bfloat16))
+    ref.pending = "bias_ready"
+    with pytest.raises(AssertionError, match="before waiting for bias_ready"):
+        str(ref)
+
+
 @pytest.mark.parametrize("case", ["matmul streamed over b", "3 consumers (the paper's)",
                                   "attention"])
 def test_no_turns_where_nothing_waits_or_not_two_consumers(case):

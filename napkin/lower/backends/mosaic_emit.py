@@ -32,8 +32,11 @@ class SmemRef(Var):
     def __init__(self, writer, ref: str, aval):
         super().__init__(writer, ref, aval, temp=False)
         self.ref = ref
+        self.pending = None  # a chunk's barrier, until the step has waited for its copy
 
     def __str__(self):
+        # a read written before the step waits for the chunk's copy would race the TMA
+        assert self.pending is None, f"{self.ref} read before waiting for {self.pending}"
         return f"{self.ref}[...]"
 
 
@@ -46,6 +49,7 @@ class MosaicWriter(Writer):
         self.sizes = {}  # line -> values of the array it computes (the register estimate)
 
     def let(self, expr, *args, name=None, aval=None, comment=None):
+        self.ready(*args)
         if aval is None:
             aval = self._aval(expr, args)
             shape = tuple(getattr(aval, "shape", ()))
@@ -61,6 +65,18 @@ class MosaicWriter(Writer):
         shape = tuple(getattr(aval, "shape", ()))
         self.sizes[var.line] = (math.prod(shape), shape)
         return var
+
+    def ready(self, *xs) -> None:
+        """Wait for the chunks among ``xs`` whose copies this step has not waited for yet:
+        each streamed input has its own barrier, so a product can start on K before V has
+        landed.  Every chunk's barrier is waited for once a step on every path (Mosaic
+        tracks a barrier's phase by its waits): never inside a branch, and a chunk the step
+        never read is waited for at its end."""
+        for x in xs:
+            barrier = getattr(x, "pending", None)
+            if barrier:
+                x.pending = None
+                self.line(f"plgpu.barrier_wait({barrier})")
 
     def live_indices(self) -> set:
         """The lines :meth:`live_lines` keeps."""
@@ -94,6 +110,7 @@ class MosaicWriter(Writer):
             return x  # a reduction's input, not a broadcast
         src, dims = getattr(x, "expanded", (x, tuple(range(len(shape) - x.ndim, len(shape)))))
         aval = jax.ShapeDtypeStruct(shape, x.dtype)
+        self.ready(src)
         return super().let(f"lax.broadcast_in_dim({{0}}, {shape}, {dims})", src, aval=aval)
 
 
@@ -176,6 +193,7 @@ class MosaicRecorder(Recorder):
             raise NapkinError(f"contraction {la},{lb}->{out}: wgmma takes one 2-D product "
                               f"(no batch axes)")
         a, b = self.astype(a, dt), self.astype(b, dt)
+        self.w.ready(a, b)
         m, n = sizes[fa[0]], sizes[fb[0]]
 
         def operand(x, order, want, which):

@@ -342,6 +342,7 @@ class _Spelling:
         kept = f"({k0} + {keys - 1} < {r0} + {skip.high})"
         if skip.low is not None:
             kept += f" & ({k0} >= jnp.minimum({r0} + {rows - 1}, {size - 1}) + {skip.low})"
+        w.ready(*args)  # (chunks are waited for outside the branch: every consumer waits)
         fn = w.fresh(f"{box.spec.kind_}_mask")
         inner = Var(w, w.fresh(getattr(x, "name", "x")), x.aval, temp=False)
         w.line(f"def {fn}({inner.name}):")
@@ -376,7 +377,8 @@ class _Spelling:
         carried = [a for a in fixed if not isinstance(a, SmemRef)]
         fn, idx = w.fresh(f"{ax}_chunk"), w.fresh("idx")
         chunk_names = [self.chunk_refs[args[i].ref] for i in streamed]
-        w.line(f"def {fn}({idx}, {', '.join(c for c, _ in chunk_names)}, carry):")
+        ready = [w.fresh(f"{ap.name}_ready") for _, ap in chunk_names]  # a barrier each
+        w.line(f"def {fn}({idx}, {', '.join([c for c, _ in chunk_names] + ready)}, carry):")
         w.indent()
         st_in = [Var(w, w.fresh(ob.name), v.aval, temp=False)
                  for v, ob in zip(state, spec.init.cod.inside)]
@@ -385,7 +387,7 @@ class _Spelling:
         w.line(f"{', '.join(names)}{',' if len(names) == 1 else ''} = carry")
         first = f"({idx}[0] + {self.lo})" if self.lo != 0 else f"{idx}[0]"
         start = w.let(f"{first} * {s}", name=f"{ax}0", aval=I32)
-        chunk_args, it_c, it_k = [], iter(chunk_names), iter(kept)
+        chunk_args, chunks, it_c, it_k, it_r = [], [], iter(chunk_names), iter(kept), iter(ready)
         for i, a in enumerate(args):
             if i in streamed:
                 ref, ap = next(it_c)
@@ -394,6 +396,8 @@ class _Spelling:
                 shape = tuple(s if a == ax else n for a, n in
                               zip(ins[i].names, args[i].shape))
                 chunk_args.append(SmemRef(w, view, jax.ShapeDtypeStruct(shape, args[i].dtype)))
+                chunk_args[-1].pending = next(it_r)  # waited for where the step first reads it
+                chunks.append(chunk_args[-1])
             elif isinstance(a, SmemRef):
                 chunk_args.append(a)
             else:
@@ -412,6 +416,7 @@ class _Spelling:
         new = self.run(spec.update, EvalContext(env, offsets, self.xp), st_in + chunk_args,
                        step=True)
         self.xp.take_turns(None)
+        w.ready(*chunks)  # (a chunk the step never read: its barrier's phase still moves on)
         outs = []
         for var, init in zip(new, state):
             if var.dtype != init.dtype:
@@ -565,8 +570,9 @@ class _Spelling:
         w.line(f"        step, grid=({steps},), memory_registers={PRODUCER_REGISTERS},")
         w.line(f"        in_specs=[{', '.join(specs)}],")
         w.line(f"        wg_axis='wg', num_compute_wgs={self.split.consumers}, "
-               f"max_concurrent_steps={stages}, compute_context=consumer)")
-        self.smem["barriers"] += 8 * 2 * stages  # produced, consumed
+               f"max_concurrent_steps={stages}, compute_context=consumer,")
+        w.line("        manual_produced_barriers=True)")  # a barrier per input: K before V
+        self.smem["barriers"] += 8 * (len(specs) + 1) * stages  # produced (each), consumed
         return windows
 
     def consumer_inputs(self) -> list:
