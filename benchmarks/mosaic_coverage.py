@@ -4,8 +4,9 @@ tiles (bf16, H200, the library's default sizes), and why not where it does not.
     python benchmarks/mosaic_coverage.py          # one line per algorithm, ~2 min
 
 For each: optimise → plan → the backend's refusal or spelling → export for CUDA on this machine
-(no GPU needed) → the Mosaic module's shared memory, wgmma and TMA counts.  A program of several
-kernels is checked kernel by kernel.  Written to run on a CPU: it needs no GPU.
+(no GPU needed) → the Mosaic module's shared memory, wgmma and TMA counts, whether its
+consumers take turns on the tensor cores, and its barrier arrivals and waits.  A program of
+several kernels is checked kernel by kernel.  Written to run on a CPU: it needs no GPU.
 """
 from __future__ import annotations
 
@@ -18,6 +19,11 @@ from napkin.core.errors import NapkinError
 from napkin.frontend.library import LIBRARY
 from napkin.lower.mosaic_module import ModuleFacts, mosaic_module
 from napkin.lower.kernel import export_cuda
+
+
+def turns(spec) -> bool:
+    """Whether the kernel's consumers take turns on the tensor cores (ping-pong)."""
+    return any("take turns" in n for n in spec.written.notes)
 
 
 def check(name: str) -> str:
@@ -40,7 +46,10 @@ def check(name: str) -> str:
         lines.append(f"writes it ({spec.written.notes[0].split(': ', 1)[1]}): smem "
                      f"{facts.shared_memory:,} B ({exact} counted), {facts.wgmma} wgmma, "
                      f"{facts.tma_loads} TMA loads, setmaxnreg "
-                     f"{' '.join('.'.join(x) for x in facts.setmaxnreg) or '-'}")
+                     f"{' '.join('.'.join(x) for x in facts.setmaxnreg) or '-'}, "
+                     f"{'turns' if turns(spec) else 'no turns'}"
+                     f" ({facts.arrivals} arrivals, {facts.waits} barrier waits, "
+                     f"{facts.mma_waits} wgmma waits)")
     return " | ".join(lines)
 
 
