@@ -135,6 +135,7 @@ class Hardware:
     max_blocks_per_sm: int = 32
     launch_s: float = 0.0                  # fixed cost of one kernel launch
     step_s: float = 0.0                    # least time of one sequential step of a block
+    memory_latency_s: float = 0.0          # a load from memory, issue to use (a block's first)
     # The device level (napkin.devices): chips of this kind joined by links, each with its
     # own memory hierarchy above; None = one chip, no link stated.
     devices: int = 1                       # chips in the system (a node: 8 on HGX boards)
@@ -339,7 +340,7 @@ def _validate_chip(hw: Hardware) -> None:
         need(hw.register_budget, "", "register_budget", integer=True)
     for f in ("registers_per_thread_max", "pipeline_stages", "max_blocks_per_sm"):
         need(getattr(hw, f), "", f, integer=True)
-    for f in ("launch_s", "step_s", "link_latency_s"):
+    for f in ("launch_s", "step_s", "memory_latency_s", "link_latency_s"):
         need(getattr(hw, f), "", f, allow_zero=True)
     need(hw.devices, "", "devices", integer=True)
     if hw.hbm_bytes is not None:
@@ -446,7 +447,7 @@ def hardware_from_dict(data: Mapping, default_name: str = "custom") -> Hardware:
 
 
 _FLOAT_KEYS = {"bandwidth_bytes_per_s", "vector_flops_per_s", "exp_per_s", "clock_hz", "flops",
-               "launch_s", "step_s", "link_bytes_per_s", "link_latency_s"}
+               "launch_s", "step_s", "memory_latency_s", "link_bytes_per_s", "link_latency_s"}
 
 
 def _as_float(key, v):
@@ -556,6 +557,9 @@ def _nvidia(name, *, sms, clock_hz, l2_bytes, hbm_bytes_per_s, l2_bytes_per_s, s
         max_blocks_per_sm=32,           # [CUDA] CC 8.0 and 9.0: 32 resident blocks per SM
         launch_s=3e-6,                  # [EST] a kernel launch, a few microseconds
         step_s=200 / clock_hz,          # [EST] ~200 cycles of loop, barrier and issue per step
+        # [EST] ~1000 cycles (~0.5 us) from issuing a load from HBM to using it (published
+        # microbenchmarks of A100 and H100 put a DRAM access at 450-650 ns)
+        memory_latency_s=1000 / clock_hz,
         # the device level: an HGX board's 8 GPUs, all-to-all through NVSwitch; a link's
         # figure is one direction (the datasheets quote both directions summed)
         devices=8,                      # [A100-DS][H100-DS][H200-DS] HGX 8-GPU boards

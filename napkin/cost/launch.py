@@ -19,9 +19,10 @@ of a :class:`napkin.cost.grid.Grid`, for a profile whose ``register_budget`` is 
   a grid of B blocks on S SMs with k blocks each runs ceil(B / (S·k)) waves; the chip's
   useful fraction is B / (waves·S·k), or the busy SMs' share when one partial wave leaves
   SMs idle.
-* **time** — per kernel: ``launch_s`` + max(roofline ÷ useful fraction, waves × a block's
-  sequential steps × ``step_s``); with a single stage, loads and compute do not overlap
-  (their sum, not their max).  A program's time is its kernels' sum.
+* **time** — per kernel: ``launch_s`` + max(roofline ÷ useful fraction, waves × (a load's
+  ``memory_latency_s`` + a block's sequential steps × ``step_s``)); with a single stage, loads
+  and compute do not overlap (their sum, not their max).  A program's time is its kernels'
+  sum.
 """
 from __future__ import annotations
 
@@ -227,7 +228,10 @@ class Launches:
         moved = sum(parts, np.zeros(n))
         overlap = np.maximum(np.max(np.stack(parts), axis=0) if parts else 0.0, compute)
         roof = np.where((stages >= 2) | (k.streams == 0) | (steps == 1), overlap, moved + compute)
-        latency = waves * ev(k.steps) * hw.step_s
+        # a block waits once for its first loads (a pipeline hides the later ones behind
+        # its steps, never its own prologue), then runs its steps; the blocks resident
+        # together wait together: a grid of many tiny blocks is bound by this, not bandwidth
+        latency = waves * (hw.memory_latency_s + ev(k.steps) * hw.step_s)
         time = ev(k.launches) * (hw.launch_s + np.maximum(roof / useful, latency))
         return KernelLaunch(k.name, warps.astype(int), np.maximum(stages, 1).astype(int), smem,
                             smem1, regs, spilled, per_sm.astype(int), ctas, waves, fits, why,
