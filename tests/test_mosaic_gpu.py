@@ -153,6 +153,8 @@ def test_two_consumers_take_turns_on_the_tensor_cores(monkeypatch):
         src.index("pl.when(wg == 0)(lambda: _turn(turns))")
     assert "plgpu.Barrier(num_arrivals=2)" in src and spec.written.smem["barriers"] % 8 == 0
     assert any("take turns" in n for n in spec.notes)
+    from napkin.cli.commands import written_by  # what `napkin run` and gpu.py's rows say
+    assert written_by(k, shapes) == "Mosaic GPU, consumers taking turns"
     on = facts_of(k, shapes)
     monkeypatch.setattr(mg, "waits_on_its_step", lambda *a: False)
     off_k = lower(k.program, k.tiles, backend="mosaic", dtype="bf16", schedule=k.schedule)

@@ -582,7 +582,9 @@ def written_by(kernel, shapes) -> str:
         spec = part.plan(*part_shapes)
         why = next((n.split(": ", 1)[1] for n in spec.written.notes if n.startswith("backend: ")),
                    None)
-        out.append(why or f"{names.get(spec.written.backend, spec.written.backend)}")
+        turns = any("take turns" in n for n in spec.written.notes)  # Mosaic's ping-pong
+        out.append((why or f"{names.get(spec.written.backend, spec.written.backend)}")
+                   + (", consumers taking turns" if turns else ""))
     return "; ".join(dict.fromkeys(out))
 
 
