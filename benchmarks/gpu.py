@@ -296,6 +296,10 @@ def bench_attention(case, shape, a, clock, record):
     if not a.smoke and case == "attention":
         for b in ("triton", "mosaic"):  # both backends, where auto took one
             impls[f"napkin-{b}"] = attention_kernel(heads, S, D, causal, a, backend=b)[0]
+        # FA3's configuration on Mosaic: two consumers of 64 rows taking turns, 128-key chunks
+        # (the search's tiles are the Triton model's: issue 28's Mosaic launch model)
+        impls["napkin-mosaic 128x128"] = attention_kernel(
+            heads, S, D, causal, a, tiles={"g_q": 128, "s_x": 128}, backend="mosaic")[0]
     measure(case, label, impls, (Q, K, V), 4 * heads * S * S * D / (2 if causal else 1), a,
             clock, record, err=lambda f: rel_err(f(Q, K, V)[:2], ref), modelled=modelled,
             tiles=tiles, backend=backend)
