@@ -21,11 +21,6 @@ from napkin.lower.mosaic_module import ModuleFacts, mosaic_module
 from napkin.lower.kernel import export_cuda
 
 
-def turns(spec) -> bool:
-    """Whether the kernel's consumers take turns on the tensor cores (ping-pong)."""
-    return any("take turns" in n for n in spec.written.notes)
-
-
 def check(name: str) -> str:
     r = napkin.optimize(name, hardware="h200", dtype="bf16")
     k = r.kernel("mosaic")
@@ -47,7 +42,7 @@ def check(name: str) -> str:
                      f"{facts.shared_memory:,} B ({exact} counted), {facts.wgmma} wgmma, "
                      f"{facts.tma_loads} TMA loads, setmaxnreg "
                      f"{' '.join('.'.join(x) for x in facts.setmaxnreg) or '-'}, "
-                     f"{'turns' if turns(spec) else 'no turns'}"
+                     f"{'turns' if spec.written.turns else 'no turns'}"
                      f" ({facts.arrivals} arrivals, {facts.waits} barrier waits, "
                      f"{facts.mma_waits} wgmma waits)")
     return " | ".join(lines)

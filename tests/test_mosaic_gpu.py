@@ -152,7 +152,7 @@ def test_two_consumers_take_turns_on_the_tensor_cores(monkeypatch):
     assert src.index("pl.when(wg == 1)(lambda: _turn(turns))") < src.index(" = run((") < \
         src.index("pl.when(wg == 0)(lambda: _turn(turns))")
     assert "plgpu.Barrier(num_arrivals=2)" in src and spec.written.smem["barriers"] % 8 == 0
-    assert any("take turns" in n for n in spec.notes)
+    assert any("take turns" in n for n in spec.notes) and spec.written.turns
     from napkin.cli.commands import written_by  # what `napkin run` and gpu.py's rows say
     assert written_by(k, shapes) == "Mosaic GPU, consumers taking turns"
     on = facts_of(k, shapes)

@@ -582,9 +582,8 @@ def written_by(kernel, shapes) -> str:
         spec = part.plan(*part_shapes)
         why = next((n.split(": ", 1)[1] for n in spec.written.notes if n.startswith("backend: ")),
                    None)
-        turns = any("take turns" in n for n in spec.written.notes)  # Mosaic's ping-pong
         out.append((why or f"{names.get(spec.written.backend, spec.written.backend)}")
-                   + (", consumers taking turns" if turns else ""))
+                   + (", consumers taking turns" if spec.written.turns else ""))
     return "; ".join(dict.fromkeys(out))
 
 

@@ -69,6 +69,7 @@ class Written:
     # lays it out itself (Mosaic GPU), bytes
     copies: tuple | None = None  # (reads, writes): HBM bytes per array, where the backend
     # counts its own copies (Mosaic GPU's TMA) instead of napkin.lower.traffic walking them
+    turns: bool = False     # its consumer warpgroups take turns on the tensor cores (Mosaic)
 
 
 def get_backend(name: str | None = None):

@@ -802,7 +802,7 @@ class _Spelling:
         launch = {"num_stages": self.stages, "consumer_warpgroups": self.split.consumers}
         return Written(source, forward, calls, launch, list(self.notes),
                        definitions=definitions, backend="mosaic", smem=dict(self.smem),
-                       copies=self.copies())
+                       copies=self.copies(), turns=self.turns is not None)
 
     def copies(self) -> tuple[dict, dict]:
         """HBM bytes each array's TMA copies move over the whole grid (reads, writes): a
