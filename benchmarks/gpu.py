@@ -189,6 +189,20 @@ def at_tiles(opt, tiles):
     return t.time_s, {k: t.launch[0][k] for k in ("num_warps", "num_stages")}
 
 
+def written_at(opt, tiles, backend):
+    """(modelled s, launch, tiles) of ``opt`` for ``backend``: at ``tiles`` where given (the
+    Triton model's time), else at the tiles the backend writes (Mosaic GPU's own launch
+    model's, where it chooses them)."""
+    if tiles is not None:
+        model, launch = at_tiles(opt, tiles)
+        return model, launch, {**opt.tiles, **tiles}
+    _, at, _ = opt.written_at(backend)
+    if at == opt.tiles:
+        return opt.search.best.tiles.time_s, opt.launch, at
+    own = opt.backend_tiles("mosaic")
+    return own.time_s, {**opt.launch, **{k: own.launch[0][k] for k in opt.launch}}, at
+
+
 def chosen_backend(kernel, shapes) -> str:
     """Which backend wrote the kernel (``auto``: Mosaic GPU on Hopper where it takes it)."""
     from napkin.cli.commands import written_by
@@ -205,10 +219,11 @@ def attention_kernel(heads, S, D, causal, a, tiles=None, backend="auto"):
     opt = searched("mha", a.hardware, (("h", heads), ("q", S), ("x", S), ("d", D)), a.dtype)
     name = "causal_attention" if causal else "attention"
     single = searched(name, a.hardware, (("q", S), ("x", S), ("d", D)), a.dtype, 50)
-    model, launch = (opt.search.best.tiles.time_s, opt.launch) if tiles is None \
-        else at_tiles(opt, tiles)
-    chosen = {t: v for t, v in {**opt.tiles, **(tiles or {})}.items() if t in single.tiles}
-    run = dataclasses.replace(single, tiles={**single.tiles, **chosen}, launch=launch)
+    model, launch, at = written_at(opt, tiles, backend)
+    # the single-head kernel at the multi-head program's tiles for this backend (set, so
+    # that no backend chooses its own again for a program of one head)
+    run = dataclasses.replace(single, launch=launch).with_tiles(
+        {t: v for t, v in at.items() if t in single.tiles})
     k = run.kernel(backend, interpret=a.interpret)
     return jax.jit(k), model, {**run.tiles, **launch}, \
         chosen_backend(k, [(S, D), (S, D), (S, D)])
@@ -216,9 +231,9 @@ def attention_kernel(heads, S, D, causal, a, tiles=None, backend="auto"):
 
 def matmul_kernel(n, a, tiles=None, backend="auto"):
     opt = searched("matmul", a.hardware, (("a", n), ("b", n), ("c", n)), a.dtype)
-    model, launch = (opt.search.best.tiles.time_s, opt.launch) if tiles is None \
-        else at_tiles(opt, tiles)
-    run = dataclasses.replace(opt, tiles={**opt.tiles, **(tiles or {})}, launch=launch)
+    model, launch, at = written_at(opt, tiles, backend)
+    run = dataclasses.replace(opt, launch=launch).with_tiles(
+        {t: v for t, v in at.items() if t in opt.tiles})  # (a small run's may have none)
     k = run.kernel(backend, interpret=a.interpret)
     return k, model, {**run.tiles, **launch}, chosen_backend(k, [(n, n), (n, n)])
 
@@ -294,12 +309,8 @@ def bench_attention(case, shape, a, clock, record):
         *(x[:2].astype(jnp.float32) for x in (Q, K, V)))
     impls = {"napkin": k, **references(B, H, S, D, causal, a.smoke)}
     if not a.smoke and case == "attention":
-        for b in ("triton", "mosaic"):  # both backends, where auto took one
+        for b in ("triton", "mosaic"):  # both backends at their own tiles, where auto
             impls[f"napkin-{b}"] = attention_kernel(heads, S, D, causal, a, backend=b)[0]
-        # FA3's configuration on Mosaic: two consumers of 64 rows taking turns, 128-key chunks
-        # (the search's tiles are the Triton model's: issue 28's Mosaic launch model)
-        impls["napkin-mosaic 128x128"] = attention_kernel(
-            heads, S, D, causal, a, tiles={"g_q": 128, "s_x": 128}, backend="mosaic")[0]
     measure(case, label, impls, (Q, K, V), 4 * heads * S * S * D / (2 if causal else 1), a,
             clock, record, err=lambda f: rel_err(f(Q, K, V)[:2], ref), modelled=modelled,
             tiles=tiles, backend=backend)

@@ -1,7 +1,9 @@
-"""Which library algorithms the Mosaic GPU backend writes, at the optimiser's own programs and
-tiles (bf16, H200, the library's default sizes), and why not where it does not.
+"""Which library algorithms the Mosaic GPU backend writes, at the optimiser's programs and the
+tiles Mosaic's own launch model chooses (bf16, H200, the library's default sizes), and why
+not where it does not.
 
-    python benchmarks/mosaic_coverage.py          # one line per algorithm, ~2 min
+    python benchmarks/mosaic_coverage.py          # one line per algorithm, ~1 min
+    python benchmarks/mosaic_coverage.py --ranking  # Mosaic's launch model over attention's tiles
 
 For each: optimise → plan → the backend's refusal or spelling → export for CUDA on this machine
 (no GPU needed) → the Mosaic module's shared memory, wgmma and TMA counts, whether its
@@ -48,7 +50,46 @@ def check(name: str) -> str:
     return " | ".join(lines)
 
 
+def ranking(d: int) -> None:
+    """Multi-head attention at head dimension ``d`` (H100, bf16, the library's sizes): every
+    (rows, chunk) point Mosaic GPU's launch model prices, best first, with what the writer
+    says of it."""
+    from napkin.cost.grid import Grid
+    from napkin.cost.launch import register_budget
+    from napkin.cost.model import cost
+    from napkin.lower.backends.mosaic_gpu import profile
+    from napkin.lower.tiles import _refusal
+    r = napkin.optimize("mha", hardware="h100", sizes={"d": d}, dtype="bf16")
+    c = cost(r.program, profile(r.hardware), r.dtype)
+    g = Grid(c, r.sizes)
+    order = {int(i): k for k, i in enumerate(g.ranked()[0])}
+    print(f"mha d={d} ({', '.join(f'{k}={v}' for k, v in r.sizes.items())}); the search's "
+          f"(Triton's) tiles {r.tiles}")
+    print("| rank | g_q × s_x | consumers | data registers / budget | smem B | modelled us | "
+          "the writer |")
+    print("|---|---|---|---|---|---|---|")
+    rows = []
+    for i in range(g.n):
+        v = g.values(i)
+        if v.get("g_h", 1) != 1:
+            continue
+        (lh,) = g.launches.at(i)
+        (kl,) = g.launches.point(g, i)
+        budget = float(register_budget(c.hardware, kl.warps)[0])
+        why = _refusal(r.program, v, "mosaic", r.dtype, c.schedule, r.input_shapes())
+        rows.append((order.get(i, 10 ** 6), v, lh, budget, float(g.time[i]), why))
+    for rank, v, lh, budget, t, why in sorted(rows, key=lambda x: x[0]):
+        print(f"| {rank + 1 if rank < 10 ** 6 else '-'} | {v['g_q']} × {v['s_x']} | "
+              f"{lh['num_warps'] // 4} | {lh['registers_per_thread']} / {budget:.0f}"
+              f"{' (spills)' if lh['spilled_bytes'] else ''} | {lh['smem_bytes']:,} | "
+              f"{t * 1e6:.1f} | {'takes it' if not why else why[:60]} |")
+
+
 def main(names):
+    if names == ["--ranking"]:
+        for d in (64, 128):
+            ranking(d)
+        return
     for name in names or sorted(LIBRARY):
         t = time.perf_counter()
         try:

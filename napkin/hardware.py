@@ -133,6 +133,13 @@ class Hardware:
     warps_per_block: tuple[int, ...] = (4, 8)  # the launch choices, fewest first
     pipeline_stages: int = 2               # most chunk buffers in flight per stream
     max_blocks_per_sm: int = 32
+    # A warp-specialised block (Mosaic GPU's): ``producer_warps`` warps only issue copies,
+    # keeping ``producer_registers`` per thread; its consumer warps (``warps_per_block``)
+    # hold the data and share the rest of the SM's register file (setmaxnreg), one block
+    # an SM.  0: every warp holds data (Triton's).
+    producer_warps: int = 0
+    producer_registers: int = 0
+    tile_max: int | None = None            # the largest tile along an axis (a TMA box's)
     launch_s: float = 0.0                  # fixed cost of one kernel launch
     step_s: float = 0.0                    # least time of one sequential step of a block
     memory_latency_s: float = 0.0          # a load from memory, issue to use (a block's first)
@@ -340,6 +347,10 @@ def _validate_chip(hw: Hardware) -> None:
         need(hw.register_budget, "", "register_budget", integer=True)
     for f in ("registers_per_thread_max", "pipeline_stages", "max_blocks_per_sm"):
         need(getattr(hw, f), "", f, integer=True)
+    for f in ("producer_warps", "producer_registers"):
+        need(getattr(hw, f), "", f, integer=True, allow_zero=True)
+    if hw.tile_max is not None:
+        need(hw.tile_max, "", "tile_max", integer=True)
     for f in ("launch_s", "step_s", "memory_latency_s", "link_latency_s"):
         need(getattr(hw, f), "", f, allow_zero=True)
     need(hw.devices, "", "devices", integer=True)

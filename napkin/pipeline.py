@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from napkin.core.errors import NapkinError
@@ -42,6 +42,10 @@ class Optimized:
     launch: dict              # the kernel's launch parameters, chosen with the tiles
     base: Path | None = None  # the folder a relative FILE.py of ``source`` is in
     limits: tuple = (2000, 60.0)  # the search's (max_states, max_seconds): the backward's too
+    pinned: frozenset = frozenset()  # tiles the user set (with_tiles): every backend writes
+                              # these, none chooses its own
+    fitted_from: Optimized | None = field(default=None, repr=False)  # (after fit) the
+                              # program at the searched sizes
 
     @property
     def program(self):
@@ -164,6 +168,56 @@ class Optimized:
         return dataclasses.replace(self, search=dataclasses.replace(self.search, best=parent),
                                    tiles=tiles, launch=launch_of(parent.tiles, get_backend()))
 
+    def backend_tiles(self, backend: str):
+        """The tiles ``backend`` writes this program at (:mod:`napkin.lower.tiles`): the
+        search's for Triton; Mosaic GPU's own launch model's best that its writer takes (the
+        pinned tiles kept), with its modelled time, or why it takes none."""
+        from napkin.lower.tiles import BackendTiles, choose
+        cache = self.__dict__.setdefault("_backend_tiles", {})
+        if backend in cache:
+            return cache[backend]
+        fixed = {t: v for t, v in self.tiles.items() if t in self.pinned}
+        if backend == "triton":
+            own = BackendTiles("triton", dict(self.tiles), list(self.search.best.tiles.launch),
+                               self.search.best.time_s)
+        elif self.fitted_from is not None:  # chosen at the searched sizes, shrunk as fit's
+            at = self.fitted_from.backend_tiles(backend)
+            tiles = {**self._shrunk(at.tiles, self.sizes, at.multiples), **fixed}
+            own = dataclasses.replace(at, tiles=tiles)
+        else:
+            own = choose(self.program, self.hardware, self.sizes, self.dtype, backend,
+                         self.input_shapes(), fixed=fixed)
+        cache[backend] = own
+        return own
+
+    def input_shapes(self) -> list[tuple]:
+        """The program's input shapes at these sizes."""
+        from napkin.cost.model import value_at
+        return [tuple(int(value_at(a.size, self.sizes)) for a in ob.type.axes)
+                for ob in self.program.dom.inside]
+
+    def written_at(self, backend: str):
+        """(backend to lower with, its tiles, each kernel's launch as modelled): Mosaic GPU at
+        its own tiles where it takes some (else at the search's, where its refusal is raised
+        when the kernel is planned); ``auto`` on a Hopper GPU compares the two backends'
+        modelled times at their own tiles, Mosaic winning ties (with every tile set by the
+        user both would write the same: Mosaic, where it takes them)."""
+        chosen = list(self.search.best.tiles.launch)
+        if backend == "auto":
+            from napkin.lower.backends.auto import hopper_here
+            if hopper_here() or set(self.tiles) <= self.pinned:
+                return backend, dict(self.tiles), chosen
+            from napkin.cost.grid import TIED
+            mosaic = self.backend_tiles("mosaic")
+            faster = mosaic.time_s <= self.search.best.time_s * (1 + TIED)
+            if mosaic.refused or not faster:
+                return backend, dict(self.tiles), chosen
+            return backend, mosaic.tiles, mosaic.launch
+        if backend == "mosaic" and not self.backend_tiles("mosaic").refused:
+            own = self.backend_tiles("mosaic")
+            return backend, own.tiles, own.launch
+        return backend, dict(self.tiles), chosen
+
     def _forward_kernel(self, backend, interpret, dtype):
         from napkin.lower import lower
         from napkin.lower.backends import get_backend
@@ -171,16 +225,17 @@ class Optimized:
         if sequential is not None:
             return sequential._forward_kernel(backend, interpret, dtype)
         self._check_divisibility(backend)
-        chosen = self.search.best.tiles.launch
+        backend, tiles, chosen = self.written_at(backend)
         own = get_backend(backend).launch
         # a program of several kernels: each launched as the cost model chose for it
         launches = [{k: v for k, v in c.items() if k in own} for c in chosen] \
             if len(chosen) > 1 else None
-        return lower(self.program, {**self._constant_sizes(), **self.tiles}, backend=backend,
+        launch = {**self.launch, **(chosen[0] if len(chosen) == 1 else {})}
+        return lower(self.program, {**self._constant_sizes(), **tiles}, backend=backend,
                      interpret=interpret, keep=self._statistics(),
                      dtype=dtype or self.dtype, name=self.name.rpartition(":")[2],
                      schedule=self.schedule, launches=launches,
-                     **{k: v for k, v in self.launch.items() if k in own})  # FILE.py:NAME -> NAME
+                     **{k: v for k, v in launch.items() if k in own})  # FILE.py:NAME -> NAME
 
     def _statistics(self) -> set:
         """A backward's or a saving forward's row statistics (L): stored in f32."""
@@ -225,24 +280,32 @@ class Optimized:
         redone: the structure stays the one found."""
         sizes = sizes_for(self.algorithm, sizes)
         info = {t.name: i for t, i in self.cost.tiles.items()}
-
-        def shrunk(tile: str, value: int) -> int:
-            least = dict(info[tile].multiples).get("dot_min", 1) if tile in info else 1
-            axis = sizes.get(info[tile].axis, value) if tile in info else value
-            return min(int(value), max(_pow2_at_most(axis // 4), least))
-        import sympy
-        from napkin.cost import value_at
-        tiles = {t: shrunk(t, v) for t, v in self.tiles.items()}
-        for t, v in tiles.items():  # a tile inside another's tile of its axis (a split's
-            full = info[t].full if t in info else None  # chunk in its part) fits in it
-            if full is not None and {str(f) for f in sympy.sympify(full).free_symbols} & set(tiles):
-                tiles[t] = min(v, int(value_at(full, {**sizes, **tiles})))
-        fitted = dataclasses.replace(self, sizes=sizes, tiles=tiles)
+        least = {t: dict(i.multiples).get("dot_min", 1) for t, i in info.items()}
+        fitted = dataclasses.replace(self, sizes=sizes,
+                                     tiles=self._shrunk(self.tiles, sizes, least),
+                                     fitted_from=self.fitted_from or self)
         if "backward" in self.__dict__:  # searched already: the same structure, fitted too
             fitted.__dict__["backward"] = self.backward.fit(sizes)
         if "saving" in self.__dict__:
             fitted.__dict__["saving"] = self.saving.fit(sizes)
         return fitted
+
+    def _shrunk(self, tiles: dict, sizes: dict, least: dict) -> dict:
+        """``tiles`` shrunk for a run at ``sizes`` (:meth:`fit`): powers of two of at most a
+        quarter of their axis, never below ``least`` (a tile's least value)."""
+        import sympy
+        from napkin.cost import value_at
+        info = {t.name: i for t, i in self.cost.tiles.items()}
+
+        def shrunk(tile: str, value: int) -> int:
+            axis = sizes.get(info[tile].axis, value) if tile in info else value
+            return min(int(value), max(_pow2_at_most(axis // 4), least.get(tile, 1)))
+        out = {t: shrunk(t, v) for t, v in tiles.items()}
+        for t, v in out.items():  # a tile inside another's tile of its axis (a split's
+            full = info[t].full if t in info else None  # chunk in its part) fits in it
+            if full is not None and {str(f) for f in sympy.sympify(full).free_symbols} & set(out):
+                out[t] = min(v, int(value_at(full, {**sizes, **out})))
+        return out
 
     def with_tiles(self, tiles: dict) -> Optimized:
         """This program at other tile sizes (the launch parameters kept): a configuration
@@ -255,7 +318,8 @@ class Optimized:
         for name, v in tiles.items():
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise NapkinError(f"tile {name}={v!r} must be a positive integer")
-        other = dataclasses.replace(self, tiles={**self.tiles, **tiles})
+        other = dataclasses.replace(self, tiles={**self.tiles, **tiles},
+                                    pinned=self.pinned | frozenset(tiles))
         for kept in ("backward", "saving"):  # the forward's tiles only: the same backward
             if kept in self.__dict__:
                 other.__dict__[kept] = self.__dict__[kept]

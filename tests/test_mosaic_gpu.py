@@ -328,7 +328,7 @@ def test_fp8_queries_and_keys_with_bf16_values():
 
 @pytest.mark.parametrize("name", sorted(__import__("napkin.frontend.library", fromlist=["LIBRARY"]).LIBRARY))
 def test_every_library_kernel_it_accepts_exports(name):
-    """At the optimiser's own program and tiles (bf16, H200, the library's default sizes):
+    """At the optimiser's program and Mosaic's own tiles (bf16, H200, the library's default sizes):
     the backend writes the kernel, which exports with its shared memory exactly as counted,
     or refuses it in one line — never a traceback from inside Mosaic."""
     from napkin.core.arrays import array_types

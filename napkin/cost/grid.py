@@ -34,6 +34,14 @@ def candidates(full: int, multiple: int, power_of_two: bool = True, limit: int =
     return out
 
 
+def capped(cands: list, most: int | None) -> list:
+    """Candidates up to ``most`` (a profile's ``tile_max``: a TMA box's 256), the least kept
+    where none is (the writer then says why it cannot take it)."""
+    if most is None:
+        return cands
+    return [v for v in cands if v <= most] or cands[:1]
+
+
 def reference_bytes(c: Cost) -> int:
     """Bytes per value used to turn a capacity in bytes into values (uniform dtype: exact)."""
     if isinstance(c.dtype, str):
@@ -90,7 +98,8 @@ class Grid:
                 value_at(info.full, {**sizes, **upper})  # raises: names the missing size
             m = math.lcm(info.least(sizes), int((multiples or {}).get(t.name, 1)))
             self.mult[t.name] = m
-            self.cands[t.name] = candidates(upper[t.name], m, power_of_two)
+            self.cands[t.name] = capped(candidates(upper[t.name], m, power_of_two),
+                                        c.hardware.tile_max)
         self.thinned = _thinned(self.cands)
         # the grid is the product of the tiles' candidates, point i at np.unravel_index(i,
         # shape); each tile is held as a vector along its own dimension, so an expression of
@@ -246,11 +255,17 @@ class Grid:
 
     def best(self, objective: str = "time", capacity: Mapping | None = None):
         """(index, feasible): the optimum among the points that fit (else the smallest)."""
+        order, feasible = self.ranked(objective, capacity)
+        return int(order[0]), feasible
+
+    def ranked(self, objective: str = "time", capacity: Mapping | None = None):
+        """(indices, feasible): the points that fit, best first (else the smallest alone) —
+        what a backend walks when its writer may still refuse the model's optimum."""
         # the paper's problem (least transfers within each level's capacity) is priced
         # without the launch model; time is the GPU's, launch model included
         ok = self.feasible(capacity, launch=objective == "time")
         if not ok.any():
-            return int(np.argmin(self.memsum)), False
+            return np.array([int(np.argmin(self.memsum))]), False
         pick = np.where(ok)[0]
         prim, sec = ((self.time, self.transfer_time) if objective == "time"
                      else (self.Hv, self.time))
@@ -265,7 +280,7 @@ class Grid:
         spilled = (self.launches.spilled[pick] if objective == "time" and
                    self.launches is not None else np.zeros(len(pick)))
         order = np.lexsort((self.memsum[pick], self.steps[pick], rank(sec[pick]), spilled, pr))
-        return int(pick[order[0]]), True
+        return pick[order], True
 
     def summary(self, i: int, memory: bool = True) -> dict:
         """The figures at point ``i`` (what :class:`Tiles` and a search's state record;

@@ -10,7 +10,10 @@ of a :class:`napkin.cost.grid.Grid`, for a profile whose ``register_budget`` is 
   with no more warp groups than its matrix products have rows for (``mma_m`` each);
   pipeline stages: the most, up to ``pipeline_stages``, whose chunk buffers fit the block's
   shared memory (``smem_per_block_max_bytes``).  A point whose one-stage buffers do not fit
-  is infeasible (the reason says by how much).  Registers beyond the budget spill: the
+  is infeasible (the reason says by how much).  A warp-specialised block (a profile with
+  ``producer_warps``: Mosaic GPU's) has a producer warp group that only copies, and as many
+  consumer warp groups as divide its rows; setmaxnreg shares the register file among them
+  (:func:`register_budget`), one block an SM.  Registers beyond the budget spill: the
   compiler still builds the kernel, and the spilled bytes are stored and loaded again every
   step, which the time prices at the HBM rate; such a point is chosen only where every
   point of the program spills.  A group inside a block's body (beside other boxes, below
@@ -158,19 +161,25 @@ class Launches:
         hw = c.hardware
         smem1, stage = k.smem_bytes(ev) + np.zeros(n), ev(k.stage)
         # warps: the fewest whose threads hold the register-resident values, and no more
-        # warp groups than the matrix products have rows for (M = mma_m per warp group)
+        # warp groups than the matrix products have rows for (M = mma_m per warp group);
+        # a warp-specialised block's consumers are its rows' split, whatever they hold
         choices = sorted(hw.warps_per_block)
-        most = np.full(n, float(choices[-1]))
-        if k.rows is not None:
-            groups = np.maximum(np.floor(ev(k.rows) / _mma_m(hw)), 1)
-            warp_groups = groups * hw.warpgroup_threads // THREADS_PER_WARP
-            most = np.full(n, float(choices[0]))
-            for w in choices:
-                most = np.where(w <= warp_groups, np.maximum(most, w), most)
         per_thread = lambda w: k.registers_per_thread(ev, w)  # noqa: E731
-        warps = most.copy()
-        for w in reversed(choices):
-            warps = np.where((w <= most) & (per_thread(w) <= hw.register_budget), w, warps)
+        groups = (np.maximum(np.floor(ev(k.rows) / _mma_m(hw)), 1) + np.zeros(n)
+                  if k.rows is not None else None)
+        if hw.producer_warps:
+            warps = _consumer_warps(hw, groups, n)
+        else:
+            most = np.full(n, float(choices[-1]))
+            if groups is not None:
+                warp_groups = groups * hw.warpgroup_threads // THREADS_PER_WARP
+                most = np.full(n, float(choices[0]))
+                for w in choices:
+                    most = np.where(w <= warp_groups, np.maximum(most, w), most)
+            warps = most.copy()
+            for w in reversed(choices):
+                warps = np.where((w <= most) & (per_thread(w) <= hw.register_budget), w, warps)
+        budget = register_budget(hw, warps)
         regs = per_thread(warps)
         # stages: the most whose chunk buffers fit the block's shared memory (the profile's
         # per-block limit, or a smaller capacity its block level states)
@@ -190,7 +199,7 @@ class Launches:
             f"{int(smem1[0]):,} B of shared memory per block (limit {int(limit):,})"
         # registers beyond the budget spill to local memory (the compiler still builds the
         # kernel; it is slow): priced below, out and back every step
-        spilled = np.maximum(regs - hw.register_budget, 0) * 4 * THREADS_PER_WARP * warps
+        spilled = np.maximum(regs - budget, 0) * 4 * THREADS_PER_WARP * warps
         # occupancy: blocks per SM by shared memory, registers and the hardware's cap
         alloc = np.minimum(hw.registers_per_thread_max,
                            np.ceil((regs + REGISTER_OVERHEAD) / 8) * 8)
@@ -198,6 +207,8 @@ class Launches:
         by_smem = np.where(smem > 0, hw.smem_per_sm_bytes // np.maximum(smem, 1),
                            hw.max_blocks_per_sm)
         per_sm = np.maximum(np.minimum(np.minimum(by_regs, by_smem), hw.max_blocks_per_sm), 1)
+        if hw.producer_warps:  # setmaxnreg hands one block the SM's whole register file
+            per_sm = np.ones(n)
         ctas = np.maximum(np.round(ev(k.ctas)), 1)
         slots = hw.sms * per_sm
         waves = np.ceil(ctas / slots)
@@ -306,6 +317,40 @@ def smem_limit(hw) -> int:
     capacity its block level states."""
     block = hw.levels[block_level([lv.name for lv in hw.levels])]
     return min(hw.smem_per_block_max_bytes, block.capacity_bytes)
+
+
+# [PTX] setmaxnreg: a warp group's registers per thread, in multiples of 8, at most 256
+SETMAXNREG_MAX = 256
+
+
+def consumer_registers(hw, consumers) -> np.ndarray:
+    """Registers per thread ``setmaxnreg`` gives each of ``consumers`` consumer warp groups
+    of a warp-specialised block: the SM's file less the producer's, shared, in 8s."""
+    left = hw.registers_per_sm_bytes // 4 // hw.warpgroup_threads - hw.producer_registers
+    return np.minimum(SETMAXNREG_MAX, left / np.asarray(consumers)) // 8 * 8
+
+
+def register_budget(hw, warps) -> np.ndarray:
+    """Registers of data one thread of ``warps`` (a block's data-holding warps) may hold:
+    the profile's ``register_budget``, or in a warp-specialised block that budget scaled
+    by what setmaxnreg leaves the consumers (it is stated for one consumer warp group)."""
+    if not hw.producer_warps:
+        return np.full(np.shape(warps), float(hw.register_budget))
+    groups = np.asarray(warps) * THREADS_PER_WARP / hw.warpgroup_threads
+    return hw.register_budget * consumer_registers(hw, groups) / consumer_registers(hw, 1)
+
+
+def _consumer_warps(hw, groups, n) -> np.ndarray:
+    """A warp-specialised block's consumer warps: its rows (``groups`` × mma_m; None: one
+    group) cut into as many consumer warp groups as divide them (Mosaic GPU's split: 128
+    rows to 2, 192 to 3, 256 to 2)."""
+    per_group = hw.warpgroup_threads // THREADS_PER_WARP
+    counts = sorted({max(w // per_group, 1) for w in hw.warps_per_block})
+    g = np.ones(n) if groups is None else groups
+    best = np.full(n, float(counts[0]))
+    for c in counts:
+        best = np.where((g % c == 0) & (c <= g), c, best)
+    return best * per_group
 
 
 def _mma_m(hw) -> int:

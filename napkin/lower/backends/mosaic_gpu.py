@@ -78,7 +78,6 @@ TMA_BOX = 256               # a TMA copy's box: at most this many elements per d
 SMEM_ALIGNMENT = 1024       # Mosaic GPU aligns every shared-memory buffer to this
 ROWS = 64                   # wgmma's M: rows one warpgroup's matrix product covers
 THREADS = 128               # threads per warpgroup
-REGISTERS_PER_SM = 65536    # 32-bit registers (Hopper)
 PRODUCER_REGISTERS = 40     # what the TMA-issuing warpgroup keeps (FA3, JAX's examples)
 MAX_CONSUMERS = 3           # the paper's derivation: at most 3 consumer warpgroups fit
 I32 = jax.ShapeDtypeStruct((), jnp.int32)
@@ -87,9 +86,46 @@ I32 = jax.ShapeDtypeStruct((), jnp.int32)
 def consumer_registers(consumers: int) -> int:
     """Registers per thread ``setmaxnreg`` gives each consumer warpgroup (as
     ``emit_pipeline_warp_specialized`` does): the SM's file less the producer's, shared, in
-    multiples of 8, at most 256 (a block holds W + 1 warpgroups of 128 threads)."""
-    left = REGISTERS_PER_SM // THREADS - PRODUCER_REGISTERS
-    return int(min(256, left / consumers) // 8 * 8)
+    multiples of 8, at most 256 (a block holds W + 1 warpgroups of 128 threads) — the
+    launch model's own formula, on Hopper as Mosaic runs it."""
+    from napkin.cost.launch import consumer_registers as shared
+    from napkin.hardware import H100_SXM
+    return int(shared(profile(H100_SXM), consumers))
+
+
+# [EST] registers of data (the schedule's count) one lone consumer thread may hold, scaled
+# for W consumers by what setmaxnreg leaves each (152 · 232/256 = 137 for two).  The
+# schedule counts a tile once where the consumer holds it beside its predecessor while it
+# is computed (scores in f32 beside P): ~60 % of setmaxnreg's 256, set against this
+# writer's own count (check_registers: state plus twice the largest tile) on attention at
+# d = 64 and 128 — 64 x 128, 128 x 128 taken, x 256 not.  The writer's count stays the gate.
+REGISTER_BUDGET = 152
+SWIZZLE_BYTES = 128  # wgmma reads a chunk's operands through a 128-B swizzle (d >= 64 at bf16)
+TMA_BOX_MAX = 256    # [CUDA] a TMA box's largest extent along a dimension
+
+
+def profile(hw):
+    """``hw`` as a Mosaic GPU kernel runs on it (the launch model's terms): a producer
+    warpgroup that only issues TMA copies (40 registers), 1 to 3 consumer warpgroups sharing
+    the rest of the register file, the contraction's K in multiples of the 128-B swizzle,
+    tiles no larger than a TMA box.  A profile with no launch model stays one."""
+    import dataclasses
+
+    from napkin.hardware import FrozenMap, Level
+    if hw.register_budget is None:
+        return hw
+
+    def level(lv: Level) -> Level:
+        if "mma_k_bytes" not in lv.divisibility:
+            return lv
+        div = {**lv.divisibility, "mma_k_bytes": max(lv.divisibility["mma_k_bytes"],
+                                                     SWIZZLE_BYTES)}
+        return dataclasses.replace(lv, divisibility=FrozenMap(div))
+    return dataclasses.replace(
+        hw, name=f"{hw.name} (Mosaic GPU)", levels=tuple(level(lv) for lv in hw.levels),
+        warps_per_block=tuple(4 * w for w in range(1, MAX_CONSUMERS + 1)),
+        producer_warps=4, producer_registers=PRODUCER_REGISTERS,
+        register_budget=REGISTER_BUDGET, tile_max=TMA_BOX_MAX)
 
 
 @dataclass(frozen=True)
@@ -853,6 +889,9 @@ class MosaicGPU:
 
     def refusal(self, plan: KernelPlan) -> str:
         return refusal(plan)
+
+    def profile(self, hw):
+        return profile(hw)
 
     def write(self, kernel, plan: KernelPlan) -> Written:
         why = refusal(plan)

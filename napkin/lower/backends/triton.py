@@ -820,6 +820,11 @@ class Triton:
     loads = frozenset({"load", "masked_load", "get"})
     stores = frozenset({"swap", "masked_swap"})
 
+    def profile(self, hw):
+        """The hardware as the launch model prices this backend's kernels: the profile's own
+        (its launch fields are Triton's)."""
+        return hw
+
     def check_launch(self, launch: dict) -> None:
         """Refuse launch parameters Triton cannot take, naming what it can."""
         warps, stages = launch["num_warps"], launch["num_stages"]

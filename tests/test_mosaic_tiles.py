@@ -1,0 +1,153 @@
+"""Mosaic GPU's tiles of its own (issue 28): the launch model prices a warp-specialised block
+(a producer warpgroup, consumers sharing the register file through setmaxnreg, K in
+multiples of the 128-B swizzle, TMA boxes of at most 256), each backend writes a program at
+the tiles its own model ranks best among those its writer takes, and ``auto`` on a Hopper
+GPU compares the two backends' modelled times."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+import napkin
+from napkin.core.errors import NapkinError
+from napkin.cost.grid import Grid
+from napkin.cost.launch import consumer_registers, register_budget
+from napkin.cost.model import cost
+from napkin.hardware import A100_SXM, H100_SXM, HardwareError, load_toml
+from napkin.lower import tiles as backend_tiles
+from napkin.lower.backends import mosaic_gpu as mg
+from napkin.lower.kernel import export_cuda
+from napkin.lower.mosaic_module import ModuleFacts, mosaic_module
+
+_FOUND: dict = {}
+
+
+def searched(d: int):
+    """Multi-head attention at the library's sizes, head dimension ``d`` (bf16, H100)."""
+    if d not in _FOUND:
+        _FOUND[d] = napkin.optimize("mha", hardware="h100", sizes={"d": d}, dtype="bf16")
+    return _FOUND[d]
+
+
+def named(tiles) -> dict:
+    return {str(t): v for t, v in tiles.items()}
+
+
+def test_the_mosaic_profile_is_a_warp_specialised_block(tmp_path):
+    hw = mg.profile(H100_SXM)
+    assert (hw.producer_warps, hw.producer_registers, hw.tile_max) == (4, 40, 256)
+    assert hw.warps_per_block == (4, 8, 12)  # 1 to 3 consumer warpgroups
+    # setmaxnreg's split is the writer's (the same formula): 256, 232, 152
+    assert [int(consumer_registers(hw, w)) for w in (1, 2, 3)] == \
+        [mg.consumer_registers(w) for w in (1, 2, 3)] == [256, 232, 152]
+    budget = register_budget(hw, np.array([4.0, 8.0, 12.0]))
+    assert budget[0] == mg.REGISTER_BUDGET and budget[0] > budget[1] > budget[2]
+    # a contraction's K in multiples of the 128-B swizzle: 64 bf16 values
+    assert max(lv.multiple("mma_k_bytes") for lv in hw.levels) == 128
+    assert max(lv.multiple("mma_k_bytes") for lv in H100_SXM.levels) == 32
+    assert mg.profile(hw.two_level()).register_budget == mg.REGISTER_BUDGET
+    path = tmp_path / "mosaic.toml"
+    path.write_text(hw.to_toml())
+    assert load_toml(path) == hw
+    with pytest.raises(HardwareError, match="producer_warps must be an integer >= 0"):
+        dataclasses.replace(A100_SXM, producer_warps=-4)
+
+
+def test_the_launch_model_ranks_mosaic_tiles_bigger_chunks_first_where_they_fit():
+    """At d = 128 the Mosaic model's best is FA3's configuration (two consumers of 64 rows,
+    128-key chunks); 256-key chunks spill past what setmaxnreg leaves two consumers, and of
+    the points that tie on time the fewer, larger steps rank first."""
+    r = searched(128)
+    hw = mg.profile(r.hardware)
+    grid = Grid(cost(r.program, hw, r.dtype), r.sizes)
+    order, feasible = grid.ranked()
+    assert feasible
+    ranked = [grid.values(int(i)) for i in order]
+    best = ranked[0]
+    assert (best["g_q"], best["s_x"]) == (128, 128)
+    (launch,) = grid.launches.at(int(order[0]))
+    assert launch["num_warps"] == 8 and launch["blocks_per_sm"] == 1  # 2 consumers, 1 block
+    at = {(v["g_q"], v["s_x"]): k for k, v in enumerate(ranked) if v["g_h"] == 1}
+    assert at[(128, 128)] < at[(128, 64)]  # bigger chunks first
+    assert (128, 256) not in at  # spills: not among the points that run clean
+    assert all(v["s_x"] % 64 == 0 and v["s_x"] <= 256 and v["g_q"] <= 256 for v in ranked)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_attention_is_written_by_mosaic_at_its_own_tiles(d):
+    """The search's tiles are Triton's (at d = 64, 32-key chunks: an N = 32 wgmma whose K
+    Mosaic refuses); ``kernel("mosaic")`` writes Mosaic's own, exported here with its shared
+    memory exactly as counted."""
+    r = searched(d)
+    own = r.backend_tiles("mosaic")
+    assert not own.refused and own.tiles["s_x"] >= 64 and own.tiles["g_q"] >= 128
+    if d == 64:
+        assert r.tiles["s_x"] == 32
+        with pytest.raises(NapkinError, match="multiple of 64"):
+            export_cuda(napkin.lower.lower(r.program, r.tiles, backend="mosaic", dtype="bf16",
+                                           schedule=r.schedule),
+                        r.input_shapes(), "NVIDIA H100")
+    k = r.kernel("mosaic")
+    assert named(k.tiles) == {**r.tiles, **own.tiles}
+    spec = k.plan(*r.input_shapes())
+    assert spec.written.backend == "mosaic" and spec.written.turns
+    assert spec.launch["consumer_warpgroups"] == 2
+    facts = ModuleFacts.read(mosaic_module(export_cuda(k, r.input_shapes(), "NVIDIA H100")))
+    assert facts.shared_memory == sum(spec.written.smem.values()) <= mg.SMEM_LIMIT
+    assert facts.wgmma > 0
+
+
+def test_the_writer_gates_the_models_ranking(monkeypatch):
+    """Where the writer refuses the model's best, the next ranked point it takes is written;
+    where it refuses every point tried, the backend is said to refuse, with the first reason,
+    and the kernel is written at the search's tiles (where the refusal is raised)."""
+    r = searched(128)
+    asked = []
+
+    def refuse_first(program, tiles, *args):
+        asked.append(dict(tiles))
+        return "refused by the test" if len(asked) == 1 else ""
+    monkeypatch.setattr(backend_tiles, "_refusal", refuse_first)
+    got = backend_tiles.choose(r.program, r.hardware, r.sizes, r.dtype, "mosaic",
+                               r.input_shapes())
+    assert not got.refused and got.tiles == asked[1] != asked[0]
+    monkeypatch.setattr(backend_tiles, "_refusal", lambda *a: "no layout for the test")
+    got = backend_tiles.choose(r.program, r.hardware, r.sizes, r.dtype, "mosaic",
+                               r.input_shapes())
+    assert got.refused == "no layout for the test" and "refuses" in got.describe()
+    fresh = dataclasses.replace(r)
+    assert named(fresh.kernel("mosaic").tiles) == r.tiles
+
+
+def test_tiles_a_user_sets_are_kept_and_a_small_run_shrinks_mosaics_own():
+    r = searched(64)
+    mine = r.with_tiles({"g_q": 64})
+    assert mine.backend_tiles("mosaic").tiles["g_q"] == 64
+    small = r.fit({"h": 2, "q": 256, "x": 256, "d": 64})
+    assert small.tiles["s_x"] == 32  # Triton's, shrunk
+    own = small.backend_tiles("mosaic").tiles
+    assert own["s_x"] == 64 and own["g_q"] == 64  # Mosaic's, shrunk to its multiples
+    assert small.kernel("mosaic").plan(*small.input_shapes()).written.backend == "mosaic"
+
+
+def test_auto_on_hopper_writes_the_backend_its_model_prices_faster(monkeypatch):
+    """On a Hopper GPU (simulated) ``auto`` writes Mosaic GPU at Mosaic's tiles where its
+    modelled time is no worse than Triton's at the search's, else Triton at those."""
+    import jax
+    from napkin.lower.backends import auto
+    monkeypatch.setattr(auto, "hopper_here", lambda: "")
+    mesh = jax.sharding.AbstractMesh((1,), ("x",), abstract_device=jax.sharding.AbstractDevice(
+        device_kind="NVIDIA H100", num_cores=132, platform="gpu"))
+    r = dataclasses.replace(searched(64))
+    shapes = r.input_shapes()
+    with jax.sharding.use_abstract_mesh(mesh):
+        k = r.kernel()
+        spec = k.plan(*shapes)
+    own = r.backend_tiles("mosaic")
+    assert spec.written.backend == "mosaic" and named(k.tiles) == {**r.tiles, **own.tiles}
+    slower = dataclasses.replace(own, time_s=2 * r.search.best.time_s)
+    r = dataclasses.replace(searched(64))
+    r.__dict__["_backend_tiles"] = {"mosaic": slower}
+    assert named(r.kernel().tiles) == r.tiles
