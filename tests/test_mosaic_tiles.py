@@ -151,3 +151,63 @@ def test_auto_on_hopper_writes_the_backend_its_model_prices_faster(monkeypatch):
     r = dataclasses.replace(searched(64))
     r.__dict__["_backend_tiles"] = {"mosaic": slower}
     assert named(r.kernel().tiles) == r.tiles
+
+
+@pytest.mark.parametrize("case, sms", [("matmul streamed over b", 3), ("causal", 1),
+                                       ("mha, 2 consumers of 64 q", 3)])
+def test_a_grid_larger_than_the_chip_is_persistent(monkeypatch, case, sms):
+    """A kernel of more tiles than the chip has SMs runs one program an SM, looping over its
+    tiles in the grid's order (``plgpu.nd_loop``): each tile waits only for its stores' reads
+    of shared memory, and the program for their writes once, after its last tile.  With the
+    chip made 3 SMs, interpret mode runs matmul, causal attention (tile skipping, O staged in
+    Q's buffer; its two tiles on one SM) and two consumers taking turns that way against
+    float64; it exports with the
+    shared memory of the kernel that is not persistent."""
+    from tests.test_mosaic_gpu import CASES, kernel_for
+    name, sizes, tiles = CASES[case]
+    _, k, shapes = kernel_for(case)
+    plain = k.plan(*shapes)
+    monkeypatch.setattr(mg, "SMS", sms)
+    k = napkin.lower.lower(k.program, {str(t): v for t, v in k.tiles.items()},
+                           backend="mosaic", dtype="bf16", schedule=k.schedule)
+    spec = k.plan(*shapes)
+    assert any(n.startswith(f"persistent: {sms} programs") for n in spec.written.notes)
+    src = spec.source
+    assert "plgpu.nd_loop(" in src and f"grid=({sms},), grid_names=('sm',)" in src
+    assert src.count("wait_smem_to_gmem(0)") == 1  # once, after the last tile
+    facts = ModuleFacts.read(mosaic_module(export_cuda(k, shapes, "NVIDIA H100")))
+    assert facts.shared_memory == sum(plain.written.smem.values())
+    if not mg.interpret_supported():
+        return
+    from napkin.frontend.library import get
+    alg = get(name)
+    xs = alg.sample(np.random.default_rng(11), sizes)
+    want = np.asarray(alg.reference(*xs), np.float64)
+    got = np.asarray(k(*xs, interpret=True), np.float64)
+    assert np.max(np.abs(got - want)) <= 2e-2 * np.max(np.abs(want))
+
+
+def test_the_pipeline_is_as_deep_as_a_loads_latency_needs():
+    """A warp-specialised block is alone on its SM: its stages are the fewest (2 to 4, as
+    many as fit) whose chunks in flight cover a load's latency with the steps ahead of it.
+    Single-head attention at d = 64 (64 blocks, one wave, steps of ~0.48 us against 0.55 us
+    of latency) takes 3, written and exported with the shared memory counted; the
+    multi-head program's longer steps take 2; with ten times the latency the pipeline
+    deepens to 4 and what it leaves uncovered is paid every step."""
+    from napkin.cost.optimize import optimize_tiles
+    r = napkin.optimize("attention", hardware="h100", sizes={"d": 64}, dtype="bf16")
+    hw = mg.profile(r.hardware)
+    at = {**r.sizes, "g_q": 64, "s_x": 128}
+    fast = optimize_tiles(cost(r.program, hw, r.dtype), hw, at, r.dtype)
+    assert fast.launch[0]["num_stages"] == 3
+    slow_hw = dataclasses.replace(hw, memory_latency_s=10 * hw.memory_latency_s)
+    slow = optimize_tiles(cost(r.program, slow_hw, r.dtype), slow_hw, at, r.dtype)
+    assert slow.launch[0]["num_stages"] == 4 and slow.time_s > fast.time_s
+    assert searched(128).backend_tiles("mosaic").launch[0]["num_stages"] == 2
+    assert r.backend_tiles("mosaic").tiles == {"g_q": 64, "s_x": 128}
+    k, shapes = r.kernel("mosaic"), r.input_shapes()
+    spec = k.plan(*shapes)
+    assert spec.written.launch["num_stages"] == 3
+    assert spec.written.smem["staged"] == fast.launch[0]["smem_bytes"]
+    facts = ModuleFacts.read(mosaic_module(export_cuda(k, shapes, "NVIDIA H100")))
+    assert facts.shared_memory == sum(spec.written.smem.values())

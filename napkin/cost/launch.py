@@ -25,7 +25,9 @@ of a :class:`napkin.cost.grid.Grid`, for a profile whose ``register_budget`` is 
 * **time** — per kernel: ``launch_s`` + max(roofline ÷ useful fraction, waves × (a load's
   ``memory_latency_s`` + a block's sequential steps × ``step_s``)); with a single stage, loads
   and compute do not overlap (their sum, not their max).  A program's time is its kernels'
-  sum.
+  sum.  A warp-specialised block, alone on its SM, has only its own pipeline to hide a
+  load's latency: its stages are the fewest (2 up to ``pipeline_stages``, as many as fit)
+  whose chunks in flight cover it, and what they leave uncovered is paid every step.
 """
 from __future__ import annotations
 
@@ -243,6 +245,10 @@ class Launches:
         # its steps, never its own prologue), then runs its steps; the blocks resident
         # together wait together: a grid of many tiny blocks is bound by this, not bandwidth
         latency = waves * (hw.memory_latency_s + ev(k.steps) * hw.step_s)
+        if hw.producer_warps:  # a warp-specialised block is alone on its SM: only its own
+            stages, exposed = _depth(hw, stages, roof / useful / np.maximum(waves * steps, 1))
+            smem = smem1 + (np.maximum(stages, 1) - 1) * stage  # pipeline hides its loads
+            latency = latency + waves * steps * exposed
         time = ev(k.launches) * (hw.launch_s + np.maximum(roof / useful, latency))
         return KernelLaunch(k.name, warps.astype(int), np.maximum(stages, 1).astype(int), smem,
                             smem1, regs, spilled, per_sm.astype(int), ctas, waves, fits, why,
@@ -338,6 +344,18 @@ def register_budget(hw, warps) -> np.ndarray:
         return np.full(np.shape(warps), float(hw.register_budget))
     groups = np.asarray(warps) * THREADS_PER_WARP / hw.warpgroup_threads
     return hw.register_budget * consumer_registers(hw, groups) / consumer_registers(hw, 1)
+
+
+def _depth(hw, most, step) -> tuple:
+    """(stages, exposed latency per step) of a warp-specialised block's pipeline: the fewest
+    of 2 up to ``most`` (what fits its shared memory) whose chunks in flight cover a load's
+    ``memory_latency_s`` with the steps ahead of it ((stages - 1) x ``step``, a step's share
+    of the kernel's time: Little's law), and what of that latency stays uncovered."""
+    need = 1 + np.ceil(hw.memory_latency_s / np.maximum(step, 1e-15))
+    stages = np.where(most >= 2, np.clip(need, 2, np.maximum(most, 2)), most)
+    exposed = np.where(stages >= 2,
+                       np.maximum(hw.memory_latency_s - (stages - 1) * step, 0.0), 0.0)
+    return stages, exposed
 
 
 def _consumer_warps(hw, groups, n) -> np.ndarray:

@@ -4,7 +4,9 @@ for Hopper — TMA copies, warp specialisation, wgmma.
 The plan decides the grid, the blocks and the stream, as for Triton; this module spells them
 the way FlashAttention-3 runs on Hopper (the paper's §5 configuration):
 
-* **the grid** — the plan's grid dimensions as ``plgpu.kernel``'s grid (``lax.axis_index``);
+* **the grid** — the plan's grid dimensions as ``plgpu.kernel``'s grid (``lax.axis_index``),
+  or, with more tiles than the chip has SMs, a persistent grid of one program an SM looping
+  over them in the same order (``plgpu.nd_loop``), each tile's stores left in flight;
 * **consumer warpgroups** — a program's rows are split over ``W`` consumer warpgroups of
   64 rows or more each (wgmma's M is 64 per warpgroup): a grid axis whose tile is a multiple of
   128 is cut into W slices (:class:`Split` ``slice``), or one of a few indices (GQA's query
@@ -80,6 +82,7 @@ ROWS = 64                   # wgmma's M: rows one warpgroup's matrix product cov
 THREADS = 128               # threads per warpgroup
 PRODUCER_REGISTERS = 40     # what the TMA-issuing warpgroup keeps (FA3, JAX's examples)
 MAX_CONSUMERS = 3           # the paper's derivation: at most 3 consumer warpgroups fit
+SMS = 132                   # [H100-DS] SMs of an H100 / H200 SXM: a persistent kernel's programs
 I32 = jax.ShapeDtypeStruct((), jnp.int32)
 
 
@@ -102,13 +105,15 @@ def consumer_registers(consumers: int) -> int:
 REGISTER_BUDGET = 152
 SWIZZLE_BYTES = 128  # wgmma reads a chunk's operands through a 128-B swizzle (d >= 64 at bf16)
 TMA_BOX_MAX = 256    # [CUDA] a TMA box's largest extent along a dimension
+MAX_STAGES = 4       # the deepest pipeline the model may choose (JAX's Hopper matmul runs 4)
 
 
 def profile(hw):
     """``hw`` as a Mosaic GPU kernel runs on it (the launch model's terms): a producer
     warpgroup that only issues TMA copies (40 registers), 1 to 3 consumer warpgroups sharing
-    the rest of the register file, the contraction's K in multiples of the 128-B swizzle,
-    tiles no larger than a TMA box.  A profile with no launch model stays one."""
+    the rest of the register file, a pipeline of 2 to 4 stages (the fewest that hide a
+    load's latency), the contraction's K in multiples of the 128-B swizzle, tiles no larger
+    than a TMA box.  A profile with no launch model stays one."""
     import dataclasses
 
     from napkin.hardware import FrozenMap, Level
@@ -124,7 +129,7 @@ def profile(hw):
     return dataclasses.replace(
         hw, name=f"{hw.name} (Mosaic GPU)", levels=tuple(level(lv) for lv in hw.levels),
         warps_per_block=tuple(4 * w for w in range(1, MAX_CONSUMERS + 1)),
-        producer_warps=4, producer_registers=PRODUCER_REGISTERS,
+        producer_warps=4, producer_registers=PRODUCER_REGISTERS, pipeline_stages=MAX_STAGES,
         register_budget=REGISTER_BUDGET, tile_max=TMA_BOX_MAX)
 
 
@@ -486,6 +491,15 @@ class _Spelling:
         k, w = self.k, self.w
         w.line(f"def {k.symbol('kernel')}({', '.join(self.gmem)}):")
         w.indent()
+        tiles = math.prod(self.plan.launch_shape)
+        self.persistent = tiles > SMS
+        if self.persistent:  # one program an SM, looping over the tiles in the grid's order
+            self.loop_info = w.fresh("info")
+            w.line(f"@plgpu.nd_loop({self.plan.launch_shape}, collective_axes='sm')")
+            w.line(f"def {w.fresh('tile')}({self.loop_info}):")
+            w.indent()
+            self.notes.append(f"persistent: {SMS} programs, one an SM, loop over the {tiles} "
+                              f"tiles; a tile's output store overlaps the next tile's work")
         self.grid_starts()
         scratch, scratch_names = self.allocate()
         windows = self.pipeline() if self.stream_box else []
@@ -515,6 +529,9 @@ class _Spelling:
         allocs = ([f"pipeline(_ignore, _ignore).get_allocations({', '.join(windows)})"]
                   if self.stream_box else [])
         w.line(f"pl.run_scoped(scoped, {', '.join(allocs + scratch)}, collective_axes='wg')")
+        if self.persistent:  # the last tile's stores land before the kernel ends
+            w.dedent()
+            w.line("plgpu.wait_smem_to_gmem(0)")
         w.dedent()
         self.check_registers()
         self.reduction_scratch()
@@ -524,7 +541,8 @@ class _Spelling:
     def grid_starts(self) -> None:
         """Per grid axis, where this program's tile starts (``self.starts``: axis -> name)."""
         plan, w = self.plan, self.w
-        ids = [f"lax.axis_index('g{i}')" for i in range(len(plan.launch_dims))]
+        ids = [f"{self.loop_info}.index[{i}]" if self.persistent else f"lax.axis_index('g{i}')"
+               for i in range(len(plan.launch_dims))]
         self.starts = {}
         for g, pid in zip(plan.grid, tile_indices(plan, ids)):
             expr = f"({pid})" if " " in pid else pid
@@ -684,7 +702,10 @@ class _Spelling:
         for j in whole:
             w.line(f"plgpu.copy_smem_to_gmem({self.out_smem[j]}.at[wg], "
                    f"{self.gmem_window(plan.outputs[j], self.gmem[n_in + j], True)})")
-        w.line("plgpu.wait_smem_to_gmem(0)")
+        # a persistent program waits only for the stores' reads of shared memory (its next
+        # tile writes there), and for their writes to HBM once, after its last tile
+        w.line("plgpu.wait_smem_to_gmem(0, wait_read_only=True)" if self.persistent
+               else "plgpu.wait_smem_to_gmem(0)")
 
     def reduction_scratch(self) -> None:
         """Mosaic reserves shared memory for cross-warp reductions in a kernel that reduces."""
@@ -799,10 +820,13 @@ class _Spelling:
         k, plan = self.k, self.plan
         names = [f"'g{i}'" for i in range(len(plan.launch_dims))]
         grid = plan.launch_shape
+        tiles = ""
+        if self.persistent:
+            names, grid, tiles = ["'sm'"], (SMS,), f", persistent over {plan.launch_shape}"
         args = ", ".join(a.name for a in plan.inputs)
         what = [
             *plan.summary(),
-            f"grid:    {grid}; {self.split.describe()}"
+            f"grid:    {grid}{tiles}; {self.split.describe()}"
             + (" + a producer warpgroup (TMA)" if self.stream_box else ""),
             f"shared memory: {sum(self.smem.values())} B (" + ", ".join(
                 f"{p} {b}" for p, b in self.smem.items() if b) + ")",
