@@ -211,3 +211,16 @@ def test_the_pipeline_is_as_deep_as_a_loads_latency_needs():
     assert spec.written.smem["staged"] == fast.launch[0]["smem_bytes"]
     facts = ModuleFacts.read(mosaic_module(export_cuda(k, shapes, "NVIDIA H100")))
     assert facts.shared_memory == sum(spec.written.smem.values())
+
+
+def test_napkin_run_writes_mosaic_at_its_own_tiles(capsys):
+    """`napkin run --backend mosaic` on multi-head attention at d = 64: the search's (Triton's)
+    32-key chunks would be refused; the run shows and writes Mosaic's own (shrunk to the
+    small run), in interpret mode, against the reference."""
+    from napkin import cli
+    rc = cli.main(["run", "mha", "--size", "d=64", "--dtype", "bf16", "--backend", "mosaic"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    tiles = next(line for line in out.splitlines() if line.startswith("tiles: "))
+    assert "s_x=64" in tiles and "Mosaic GPU's own tiles" in tiles
+    assert "kernel: Mosaic GPU" in out

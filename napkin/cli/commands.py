@@ -779,10 +779,13 @@ def _run(args) -> int:
     print("chain: " + " → ".join(str(m) for m in opt.chain))
     if opt.search.note:
         print(f"slow: {opt.search.note}")
+    _, tiles, _ = opt.written_at(args.backend)  # Mosaic GPU's launch model chooses its own
+    own = "" if tiles == opt.tiles else \
+        f"; Mosaic GPU's own tiles ({opt.backend_tiles('mosaic').time_s:.3g} s on its launch model)"
     print("tiles: " + ", ".join(f"{k}={v}" + (" (--tile)" if k in chosen else "")
-                                for k, v in opt.tiles.items())
+                                for k, v in tiles.items())
           + f"; modelled time {opt.search.best.time_s:.3g} s ({opt.search.best.bound_by}-bound"
-          + (", at the optimiser's tiles)" if chosen else ")"))
+          + (", at the optimiser's tiles)" if chosen else ")") + own)
     report = opt.check()
     print(f"certificate: {report}")
     if not report.ok:
