@@ -464,7 +464,8 @@ class _Spelling:
                 var = w.let(f"{{0}}.astype({dtype_name(init.dtype)})", var)
             outs.append(var)
         # the step's temporaries, less the new state (updated in place): the register estimate
-        self.step_lines = (first, len(w.lines), {getattr(v, "line", -1) for v in outs})
+        self.step_lines = (first, len(w.lines), {getattr(v, "line", -1) for v in outs},
+                           {v.name: v.aval.shape for v in st_in})
         back = [v.name for v in outs + kept]
         w.line(f"return ({', '.join(back)}{',' if len(back) == 1 else ''})")
         w.dedent()
@@ -781,16 +782,18 @@ class _Spelling:
             return
         W = self.split.consumers
         avals = self.state_avals()
-        state = {a.shape for a in avals}
-        first, last, state_lines = self.step_lines
+        first, last, state_lines, carry = self.step_lines
         live = self.w.live_indices()
-        temps = [(n, shape) for line, (n, shape) in self.w.sizes.items()
+        temps = [(line, n, shape) for line, (n, shape) in self.w.sizes.items()
                  if first <= line < last and line not in state_lines and line in live]
-        # a temporary of a state's shape (the rescaled accumulator) is updated in place; a
-        # tile of another shape (scores, probabilities) lives beside the state, with its
-        # predecessor while it is computed
-        peak = max([n for n, sh in temps if sh in state] +
-                   [2 * n for n, sh in temps if sh not in state], default=0)
+
+        def in_place(line, shape) -> bool:  # computed from a state value of its shape
+            return any(sh == shape and re.search(rf"\b{name}\b", self.w.lines[line])
+                       for name, sh in carry.items())
+        # a temporary computed from the state (the rescaled accumulator) is updated in
+        # place; any other tile (scores, probabilities — even of the state's shape) lives
+        # beside the state, with its predecessor while it is computed
+        peak = max([n if in_place(line, sh) else 2 * n for line, n, sh in temps], default=0)
         need = int((sum(math.prod(v.shape) for v in avals) + peak) / THREADS)
         have = consumer_registers(W)
         self.notes.append(f"registers per consumer thread: ~{need} of {have} (setmaxnreg)")
