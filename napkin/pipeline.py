@@ -197,26 +197,26 @@ class Optimized:
                 for ob in self.program.dom.inside]
 
     def written_at(self, backend: str):
-        """(backend to lower with, its tiles, each kernel's launch as modelled): Mosaic GPU at
+        """(backend to lower with, its tiles, each kernel's launch as its model chose it with
+        them — None where they are the search's, launched as ``launch`` says): Mosaic GPU at
         its own tiles where it takes some (else at the search's, where its refusal is raised
         when the kernel is planned); ``auto`` on a Hopper GPU compares the two backends'
         modelled times at their own tiles, Mosaic winning ties (with every tile set by the
         user both would write the same: Mosaic, where it takes them)."""
-        chosen = list(self.search.best.tiles.launch)
         if backend == "auto":
             from napkin.lower.backends.auto import hopper_here
             if hopper_here() or set(self.tiles) <= self.pinned:
-                return backend, dict(self.tiles), chosen
+                return backend, dict(self.tiles), None
             from napkin.cost.grid import TIED
             mosaic = self.backend_tiles("mosaic")
             faster = mosaic.time_s <= self.search.best.time_s * (1 + TIED)
             if mosaic.refused or not faster:
-                return backend, dict(self.tiles), chosen
+                return backend, dict(self.tiles), None
             return backend, mosaic.tiles, mosaic.launch
         if backend == "mosaic" and not self.backend_tiles("mosaic").refused:
             own = self.backend_tiles("mosaic")
             return backend, own.tiles, own.launch
-        return backend, dict(self.tiles), chosen
+        return backend, dict(self.tiles), None
 
     def _forward_kernel(self, backend, interpret, dtype):
         from napkin.lower import lower
@@ -225,12 +225,13 @@ class Optimized:
         if sequential is not None:
             return sequential._forward_kernel(backend, interpret, dtype)
         self._check_divisibility(backend)
-        backend, tiles, chosen = self.written_at(backend)
+        backend, tiles, modelled = self.written_at(backend)
+        chosen = self.search.best.tiles.launch if modelled is None else modelled
         own = get_backend(backend).launch
         # a program of several kernels: each launched as the cost model chose for it
         launches = [{k: v for k, v in c.items() if k in own} for c in chosen] \
             if len(chosen) > 1 else None
-        launch = {**self.launch, **(chosen[0] if len(chosen) == 1 else {})}
+        launch = {**self.launch, **(modelled[0] if modelled and len(modelled) == 1 else {})}
         return lower(self.program, {**self._constant_sizes(), **tiles}, backend=backend,
                      interpret=interpret, keep=self._statistics(),
                      dtype=dtype or self.dtype, name=self.name.rpartition(":")[2],

@@ -224,3 +224,14 @@ def test_napkin_run_writes_mosaic_at_its_own_tiles(capsys):
     tiles = next(line for line in out.splitlines() if line.startswith("tiles: "))
     assert "s_x=64" in tiles and "Mosaic GPU's own tiles" in tiles
     assert "kernel: Mosaic GPU" in out
+
+
+def test_a_launch_of_ones_own_is_kept_where_the_search_chose_the_tiles():
+    """Only a backend that chose its own tiles launches as its model chose with them; at the
+    search's tiles the program's ``launch`` (a benchmark's, a user's) is what runs."""
+    r = searched(64)
+    warps = 4 if r.launch["num_warps"] != 4 else 8
+    mine = dataclasses.replace(r, launch={**r.launch, "num_warps": warps})
+    assert mine.kernel("triton").launch["num_warps"] == warps
+    assert r.kernel("mosaic").launch["num_stages"] == \
+        r.backend_tiles("mosaic").launch[0]["num_stages"]
