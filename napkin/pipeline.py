@@ -201,8 +201,9 @@ class Optimized:
         them — None where they are the search's, launched as ``launch`` says): Mosaic GPU at
         its own tiles where it takes some (else at the search's, where its refusal is raised
         when the kernel is planned); ``auto`` on a Hopper GPU compares the two backends'
-        modelled times at their own tiles, Mosaic winning ties (with every tile set by the
-        user both would write the same: Mosaic, where it takes them)."""
+        modelled times at their own tiles, Mosaic winning ties, Triton where Mosaic's is
+        slower (with every tile set by the user both would write the same: Mosaic, where it
+        takes them)."""
         if backend == "auto":
             from napkin.lower.backends.auto import hopper_here
             if hopper_here() or set(self.tiles) <= self.pinned:
@@ -210,8 +211,10 @@ class Optimized:
             from napkin.cost.grid import TIED
             mosaic = self.backend_tiles("mosaic")
             faster = mosaic.time_s <= self.search.best.time_s * (1 + TIED)
-            if mosaic.refused or not faster:
+            if mosaic.refused:  # (auto says why when it writes Triton)
                 return backend, dict(self.tiles), None
+            if not faster:
+                return "triton", dict(self.tiles), None
             return backend, mosaic.tiles, mosaic.launch
         if backend == "mosaic" and not self.backend_tiles("mosaic").refused:
             own = self.backend_tiles("mosaic")

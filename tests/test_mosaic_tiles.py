@@ -150,7 +150,10 @@ def test_auto_on_hopper_writes_the_backend_its_model_prices_faster(monkeypatch):
     slower = dataclasses.replace(own, time_s=2 * r.search.best.time_s)
     r = dataclasses.replace(searched(64))
     r.__dict__["_backend_tiles"] = {"mosaic": slower}
-    assert named(r.kernel().tiles) == r.tiles
+    assert r.written_at("auto")[:2] == ("triton", r.tiles)
+    with jax.sharding.use_abstract_mesh(mesh):
+        k = r.kernel()
+        assert named(k.tiles) == r.tiles and k.plan(*shapes).written.backend == "triton"
 
 
 @pytest.mark.parametrize("case, sms", [("matmul streamed over b", 3), ("causal", 1),
