@@ -238,3 +238,30 @@ def test_a_launch_of_ones_own_is_kept_where_the_search_chose_the_tiles():
     assert mine.kernel("triton").launch["num_warps"] == warps
     assert r.kernel("mosaic").launch["num_stages"] == \
         r.backend_tiles("mosaic").launch[0]["num_stages"]
+
+
+def test_mosaic_takes_any_multiple_of_its_granules_that_divides_the_axis():
+    """Mosaic's candidates are every multiple of its granules (no powers of two) that divides
+    its axis (it masks no tail): at q = x = 3072, d = 64 its model's best is 192-key chunks,
+    which Triton's search cannot take; exported with the shared memory counted, and a
+    192-key chunk runs right in interpret mode."""
+    r = napkin.optimize("mha", hardware="h100", sizes={"q": 3072, "x": 3072, "d": 64},
+                        dtype="bf16")
+    own = r.backend_tiles("mosaic")
+    assert not own.refused and own.tiles["s_x"] == 192 and 3072 % own.tiles["g_q"] == 0
+    assert all(v & (v - 1) == 0 for v in r.tiles.values())  # Triton's: powers of two
+    k, shapes = r.kernel("mosaic"), r.input_shapes()
+    spec = k.plan(*shapes)
+    facts = ModuleFacts.read(mosaic_module(export_cuda(k, shapes, "NVIDIA H100")))
+    assert facts.shared_memory == sum(spec.written.smem.values())
+    if not mg.interpret_supported():
+        return
+    from napkin.frontend.library import get
+    small = {"h": 1, "q": 128, "x": 384, "d": 64}
+    alg = get("mha")
+    xs = alg.sample(np.random.default_rng(5), small)
+    k = napkin.lower.lower(r.program, {"g_h": 1, "g_q": 128, "s_x": 192}, backend="mosaic",
+                           dtype="bf16", schedule=r.schedule)
+    want = np.asarray(alg.reference(*xs), np.float64)
+    got = np.asarray(k(*xs, interpret=True), np.float64)
+    assert np.max(np.abs(got - want)) <= 2e-2 * np.max(np.abs(want))

@@ -78,7 +78,8 @@ class Grid:
     """Every candidate tiling of a program, evaluated once (numpy over the whole grid)."""
 
     def __init__(self, c: Cost, sizes: Mapping, *, level: str | None = None,
-                 power_of_two: bool = True, multiples: Mapping | None = None):
+                 power_of_two: bool = True, multiples: Mapping | None = None,
+                 divisors: bool = False):
         self.c, self.sizes = c, dict(sizes)
         self.level = level or c.main_level
         sizes = self.sizes
@@ -98,8 +99,10 @@ class Grid:
                 value_at(info.full, {**sizes, **upper})  # raises: names the missing size
             m = math.lcm(info.least(sizes), int((multiples or {}).get(t.name, 1)))
             self.mult[t.name] = m
-            self.cands[t.name] = capped(candidates(upper[t.name], m, power_of_two),
-                                        c.hardware.tile_max)
+            cands = capped(candidates(upper[t.name], m, power_of_two), c.hardware.tile_max)
+            if divisors:  # a writer without masked tails: tiles that divide their axis
+                cands = [v for v in cands if upper[t.name] % v == 0] or cands
+            self.cands[t.name] = cands
         self.thinned = _thinned(self.cands)
         # the grid is the product of the tiles' candidates, point i at np.unravel_index(i,
         # shape); each tile is held as a vector along its own dimension, so an expression of

@@ -61,6 +61,7 @@ class BlockRules:
     name: str                 # the backend, for messages ("Triton")
     pow2: bool = True         # tiles, chunks and whole blocks are powers of two
     dot_min: int | None = 16  # a contraction with a dimension below this is multiply-and-sum
+    tails: bool = True        # a tile need not divide its axis (the last one is masked)
 
     def block(self, n, chunk: int):
         """The block that holds a streamed axis of ``n`` in chunks of ``chunk`` (the

@@ -45,26 +45,28 @@ def choose(program, hardware, sizes: dict, dtype, backend: str, shapes, *,
     its launch model's ranking that its writer takes first, within :data:`TRIES`."""
     from napkin.cost.grid import Grid
     from napkin.cost.model import cost as cost_of
-    from napkin.cost.optimize import optimize_tiles
     from napkin.lower.backends import get_backend
     own = get_backend(backend)
     hw = own.profile(hardware)
     c = cost_of(program, hw, dtype)
     at = {**sizes, **(fixed or {})}
-    first = optimize_tiles(c, hw, at, dtype)
-    best, mult = dict(first.values), dict(first.multiples)
-    why = _refusal(program, best, backend, dtype, c.schedule, shapes)
-    if not why:
-        return BackendTiles(backend, best, first.launch, first.time_s, multiples=mult)
-    grid = Grid(c, at)
+    # the backend's own candidates: any multiple of the granules where it takes them (192
+    # rows: three consumers), only those dividing their axis where it masks no tail
+    grid = Grid(c, at, power_of_two=own.rules.pow2, divisors=not own.rules.tails)
     order, _ = grid.ranked()
+    mult, why = dict(grid.mult), ""
     for i in order[:TRIES]:
         values = grid.values(int(i))
-        if values != best and not _refusal(program, values, backend, dtype, c.schedule, shapes):
+        refused = _refusal(program, values, backend, dtype, c.schedule, shapes)
+        if not refused:
             return BackendTiles(backend, values, grid.launches.at(int(i))
                                 if grid.launches is not None else [], float(grid.time[int(i)]),
                                 multiples=mult)
-    return BackendTiles(backend, best, first.launch, first.time_s, refused=why, multiples=mult)
+        why = why or refused
+    first = grid.values(int(order[0]))
+    return BackendTiles(backend, first, grid.launches.at(int(order[0]))
+                        if grid.launches is not None else [], float(grid.time[int(order[0])]),
+                        refused=why, multiples=mult)
 
 
 def _refusal(program, tiles, backend, dtype, schedule, shapes) -> str:

@@ -902,7 +902,7 @@ class MosaicGPU:
     name = "mosaic"
     # TMA boxes and wgmma take any multiple of their granules: no powers of two (192 query
     # rows are the paper's 3 consumer warpgroups); refusal() checks the rest
-    rules = BlockRules("Mosaic GPU", pow2=False, dot_min=16)
+    rules = BlockRules("Mosaic GPU", pow2=False, dot_min=16, tails=False)
     # pipeline stages of the stream (max_concurrent_steps): the schedule's
     launch = {"num_stages": 2}
     loads = frozenset({"load", "get", "copy_gmem_to_smem"})
