@@ -40,7 +40,11 @@ def check(name: str) -> str:
             continue
         facts = ModuleFacts.read(mosaic_module(text))
         exact = "=" if facts.shared_memory == sum(spec.written.smem.values()) else "!="
-        lines.append(f"writes it ({spec.written.notes[0].split(': ', 1)[1]}): smem "
+        tiles = ",".join(f"{t}={v}" for t, v in part.tiles.items() if not str(t).isdigit())
+        persistent = "persistent, " if any(n.startswith("persistent") for n in
+                                           spec.written.notes) else ""
+        lines.append(f"writes it at {tiles} ({spec.written.notes[0].split(': ', 1)[1]}; "
+                     f"{persistent}{spec.written.launch['num_stages']} stages): smem "
                      f"{facts.shared_memory:,} B ({exact} counted), {facts.wgmma} wgmma, "
                      f"{facts.tma_loads} TMA loads, setmaxnreg "
                      f"{' '.join('.'.join(x) for x in facts.setmaxnreg) or '-'}, "
