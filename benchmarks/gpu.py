@@ -200,7 +200,7 @@ def written_at(opt, tiles, backend):
     if at == opt.tiles:
         return opt.search.best.tiles.time_s, opt.launch, at
     own = opt.backend_tiles("mosaic")
-    return own.time_s, {**opt.launch, **{k: own.launch[0][k] for k in opt.launch}}, at
+    return own.time_s, {**opt.launch, "num_stages": own.launch[0]["num_stages"]}, at
 
 
 def chosen_backend(kernel, shapes) -> str:

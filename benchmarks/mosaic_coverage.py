@@ -62,7 +62,7 @@ def ranking(d: int) -> None:
     from napkin.cost.launch import register_budget
     from napkin.cost.model import cost
     from napkin.lower.backends.mosaic_gpu import profile
-    from napkin.lower.tiles import _refusal
+    from napkin.lower.tiles import writer_refusal
     r = napkin.optimize("mha", hardware="h100", sizes={"d": d}, dtype="bf16")
     c = cost(r.program, profile(r.hardware), r.dtype)
     g = Grid(c, r.sizes)
@@ -80,7 +80,7 @@ def ranking(d: int) -> None:
         (lh,) = g.launches.at(i)
         (kl,) = g.launches.point(g, i)
         budget = float(register_budget(c.hardware, kl.warps)[0])
-        why = _refusal(r.program, v, "mosaic", r.dtype, c.schedule, r.input_shapes())
+        why = writer_refusal(r.program, v, "mosaic", r.dtype, c.schedule, r.input_shapes())
         rows.append((order.get(i, 10 ** 6), v, lh, budget, float(g.time[i]), why))
     for rank, v, lh, budget, t, why in sorted(rows, key=lambda x: x[0]):
         print(f"| {rank + 1 if rank < 10 ** 6 else '-'} | {v['g_q']} × {v['s_x']} | "

@@ -349,6 +349,13 @@ def _validate_chip(hw: Hardware) -> None:
         need(getattr(hw, f), "", f, integer=True)
     for f in ("producer_warps", "producer_registers"):
         need(getattr(hw, f), "", f, integer=True, allow_zero=True)
+    if hw.producer_warps:  # setmaxnreg: 24 to 256 a thread, and room for the consumers
+        left = (hw.registers_per_sm_bytes or 0) // 4 // hw.warpgroup_threads
+        most = max(1, max(hw.warps_per_block) * 32 // hw.warpgroup_threads)
+        if not 24 <= hw.producer_registers <= min(256, left - 8 * most):
+            fail(f"field producer_registers must be 24 to {min(256, left - 8 * most)} (what "
+                 f"setmaxnreg takes, leaving {most} consumer warpgroups 8 each of the "
+                 f"{left} a thread the SM's registers give), got {hw.producer_registers}")
     if hw.tile_max is not None:
         need(hw.tile_max, "", "tile_max", integer=True)
     for f in ("launch_s", "step_s", "memory_latency_s", "link_latency_s"):

@@ -166,27 +166,32 @@ class Optimized:
         tiles = {**parent.tile_values, **{k: v for k, v in self.tiles.items()
                                           if k in parent.tile_values}}
         return dataclasses.replace(self, search=dataclasses.replace(self.search, best=parent),
-                                   tiles=tiles, launch=launch_of(parent.tiles, get_backend()))
+                                   tiles=tiles, launch=launch_of(parent.tiles, get_backend()),
+                                   fitted_from=self.fitted_from and self.fitted_from.sequential)
 
     def backend_tiles(self, backend: str):
         """The tiles ``backend`` writes this program at (:mod:`napkin.lower.tiles`): the
         search's for Triton; Mosaic GPU's own launch model's best that its writer takes (the
         pinned tiles kept), with its modelled time, or why it takes none."""
-        from napkin.lower.tiles import BackendTiles, choose
+        from napkin.lower.tiles import BackendTiles, choose, writer_refusal
         cache = self.__dict__.setdefault("_backend_tiles", {})
         if backend in cache:
             return cache[backend]
         fixed = {t: v for t, v in self.tiles.items() if t in self.pinned}
+        own = None
         if backend == "triton":
             own = BackendTiles("triton", dict(self.tiles), list(self.search.best.tiles.launch),
                                self.search.best.time_s)
-        elif self.fitted_from is not None:  # chosen at the searched sizes, shrunk as fit's
-            at = self.fitted_from.backend_tiles(backend)
+        elif self.fitted_from is not None:  # chosen at the searched sizes, shrunk as fit's,
+            at = self.fitted_from.backend_tiles(backend)  # while the writer still takes them
             tiles = {**self._shrunk(at.tiles, self.sizes, at.multiples), **fixed}
-            own = dataclasses.replace(at, tiles=tiles)
-        else:
+            if not at.refused and not writer_refusal(
+                    self.program, tiles, backend, self.dtype, self.schedule,
+                    self.input_shapes(), self._constant_sizes()):
+                own = dataclasses.replace(at, tiles=tiles)
+        if own is None:  # (a shrunk tile that no longer divides its axis: chosen here)
             own = choose(self.program, self.hardware, self.sizes, self.dtype, backend,
-                         self.input_shapes(), fixed=fixed)
+                         self.input_shapes(), fixed=fixed, constants=self._constant_sizes())
         cache[backend] = own
         return own
 
@@ -204,9 +209,11 @@ class Optimized:
         modelled times at their own tiles, Mosaic winning ties, Triton where Mosaic's is
         slower (with every tile set by the user both would write the same: Mosaic, where it
         takes them)."""
+        if set(self.tiles) <= self.pinned:  # every tile the user's: launched as they say,
+            return _either(backend, self.tiles), dict(self.tiles), None  # auto: Mosaic first
         if backend == "auto":
             from napkin.lower.backends.auto import hopper_here
-            if hopper_here() or set(self.tiles) <= self.pinned:
+            if hopper_here():
                 return backend, dict(self.tiles), None
             from napkin.cost.grid import TIED
             mosaic = self.backend_tiles("mosaic")
@@ -215,10 +222,10 @@ class Optimized:
                 return backend, dict(self.tiles), None
             if not faster:
                 return "triton", dict(self.tiles), None
-            return backend, mosaic.tiles, mosaic.launch
+            return _either(backend, mosaic.tiles), mosaic.tiles, _own(mosaic)
         if backend == "mosaic" and not self.backend_tiles("mosaic").refused:
-            own = self.backend_tiles("mosaic")
-            return backend, own.tiles, own.launch
+            return backend, self.backend_tiles("mosaic").tiles, \
+                _own(self.backend_tiles("mosaic"))
         return backend, dict(self.tiles), None
 
     def _forward_kernel(self, backend, interpret, dtype):
@@ -334,6 +341,25 @@ class Optimized:
         """The program as one loop nest on ``hardware`` (napkin.schedule): the very one
         ``cost`` folds."""
         return self.cost.schedule
+
+
+def _either(backend: str, tiles: dict) -> str:
+    """On a Hopper GPU, ``auto`` (Mosaic, its fallback Triton) where Triton could write
+    ``tiles`` too, else Mosaic GPU's (192 rows, 192-key chunks: no Triton block)."""
+    from napkin.lower.backends import get_backend
+    from napkin.lower.backends.auto import hopper_here
+    if backend != "auto" or hopper_here() or \
+            all(get_backend("triton").rules.size_ok(v) for v in tiles.values()):
+        return backend
+    return "mosaic"
+
+
+def _own(chosen) -> list:
+    """A backend's own launch, as its model chose it with its tiles, in that backend's
+    terms only (Mosaic's stages; its consumer warps are no Triton launch's)."""
+    from napkin.lower.backends import get_backend
+    keys = get_backend(chosen.backend).launch
+    return [{k: v for k, v in c.items() if k in keys} for c in chosen.launch]
 
 
 def backward_groups(algorithm) -> list[tuple[str, ...]]:

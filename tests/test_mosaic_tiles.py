@@ -53,6 +53,8 @@ def test_the_mosaic_profile_is_a_warp_specialised_block(tmp_path):
     assert load_toml(path) == hw
     with pytest.raises(HardwareError, match="producer_warps must be an integer >= 0"):
         dataclasses.replace(A100_SXM, producer_warps=-4)
+    with pytest.raises(HardwareError, match="producer_registers must be 24 to 256"):
+        dataclasses.replace(hw, producer_registers=600)
 
 
 def test_the_launch_model_ranks_mosaic_tiles_bigger_chunks_first_where_they_fit():
@@ -109,11 +111,11 @@ def test_the_writer_gates_the_models_ranking(monkeypatch):
     def refuse_first(program, tiles, *args):
         asked.append(dict(tiles))
         return "refused by the test" if len(asked) == 1 else ""
-    monkeypatch.setattr(backend_tiles, "_refusal", refuse_first)
+    monkeypatch.setattr(backend_tiles, "writer_refusal", refuse_first)
     got = backend_tiles.choose(r.program, r.hardware, r.sizes, r.dtype, "mosaic",
                                r.input_shapes())
     assert not got.refused and got.tiles == asked[1] != asked[0]
-    monkeypatch.setattr(backend_tiles, "_refusal", lambda *a: "no layout for the test")
+    monkeypatch.setattr(backend_tiles, "writer_refusal", lambda *a: "no layout for the test")
     got = backend_tiles.choose(r.program, r.hardware, r.sizes, r.dtype, "mosaic",
                                r.input_shapes())
     assert got.refused == "no layout for the test" and "refuses" in got.describe()
@@ -265,3 +267,39 @@ def test_mosaic_takes_any_multiple_of_its_granules_that_divides_the_axis():
     want = np.asarray(alg.reference(*xs), np.float64)
     got = np.asarray(k(*xs, interpret=True), np.float64)
     assert np.max(np.abs(got - want)) <= 2e-2 * np.max(np.abs(want))
+
+
+def test_mosaics_own_tiles_survive_auto_a_smaller_run_a_split_and_a_launch_of_ones_own(
+        monkeypatch):
+    """On a (simulated) Hopper GPU ``auto`` writes Mosaic's 192-key chunks (no Triton block:
+    Mosaic's own backend, not auto's power-of-two rules); a smaller run whose axis 192 no
+    longer divides chooses again; with every tile set, a launch of one's own is kept."""
+    import jax
+    from napkin.lower.backends import auto
+    r = napkin.optimize("mha", hardware="h100", sizes={"q": 3072, "x": 3072, "d": 64},
+                        dtype="bf16")
+    small = r.fit({"h": 2, "q": 2048, "x": 2048, "d": 64})
+    own = small.backend_tiles("mosaic").tiles
+    assert not small.backend_tiles("mosaic").refused and 2048 % own["s_x"] == 0
+    assert small.kernel("mosaic").plan(*small.input_shapes()).written.backend == "mosaic"
+    mine = dataclasses.replace(r, launch={**r.launch, "num_stages": 3}).with_tiles(
+        r.backend_tiles("mosaic").tiles)
+    assert mine.kernel("mosaic").launch["num_stages"] == 3
+    monkeypatch.setattr(auto, "hopper_here", lambda: "")
+    mesh = jax.sharding.AbstractMesh((1,), ("x",), abstract_device=jax.sharding.AbstractDevice(
+        device_kind="NVIDIA H100", num_cores=132, platform="gpu"))
+    with jax.sharding.use_abstract_mesh(mesh):
+        k = dataclasses.replace(r).kernel()
+        spec = k.plan(*r.input_shapes())
+    assert spec.written.backend == "mosaic" and named(k.tiles)["s_x"] == 192
+
+
+def test_a_small_runs_split_k_program_runs_its_sequential_one_at_mosaics_own_tiles():
+    """Mosaic writes no split stream: a decoding program (split-K) runs the program before
+    the split, whose own tiles — fitted to a small run — are its, not the split's (which
+    Mosaic refuses: 16 query rows)."""
+    r = napkin.optimize("attention", hardware="h200", sizes={"q": 16, "x": 131072, "d": 128},
+                        dtype="bf16")
+    seq = r.fit({"q": 64, "x": 4096, "d": 128}).sequential
+    assert seq is not None and not seq.backend_tiles("mosaic").refused
+    assert seq.kernel("mosaic").plan(*seq.input_shapes()).written.backend == "mosaic"

@@ -40,9 +40,10 @@ class BackendTiles:
 
 
 def choose(program, hardware, sizes: dict, dtype, backend: str, shapes, *,
-           fixed: dict | None = None) -> BackendTiles:
+           fixed: dict | None = None, constants: dict | None = None) -> BackendTiles:
     """``backend``'s tiles for ``program`` (its tiles named in ``fixed`` kept): the point of
-    its launch model's ranking that its writer takes first, within :data:`TRIES`."""
+    its launch model's ranking that its writer takes first, within :data:`TRIES`.
+    ``constants``: sizes only a constant names (the kernel binds them as the search saw)."""
     from napkin.cost.grid import Grid
     from napkin.cost.model import cost as cost_of
     from napkin.lower.backends import get_backend
@@ -57,7 +58,8 @@ def choose(program, hardware, sizes: dict, dtype, backend: str, shapes, *,
     mult, why = dict(grid.mult), ""
     for i in order[:TRIES]:
         values = grid.values(int(i))
-        refused = _refusal(program, values, backend, dtype, c.schedule, shapes)
+        refused = writer_refusal(program, values, backend, dtype, c.schedule, shapes,
+                                 constants)
         if not refused:
             return BackendTiles(backend, values, grid.launches.at(int(i))
                                 if grid.launches is not None else [], float(grid.time[int(i)]),
@@ -69,11 +71,12 @@ def choose(program, hardware, sizes: dict, dtype, backend: str, shapes, *,
                         refused=why, multiples=mult)
 
 
-def _refusal(program, tiles, backend, dtype, schedule, shapes) -> str:
+def writer_refusal(program, tiles, backend, dtype, schedule, shapes, constants=None) -> str:
     """Why ``backend`` does not write ``program`` at ``tiles`` ("" when it does)."""
     from napkin.lower import lower
     try:
-        k = lower(program, tiles, backend=backend, dtype=dtype, schedule=schedule)
+        k = lower(program, {**(constants or {}), **tiles}, backend=backend, dtype=dtype,
+                  schedule=schedule)
         for part, s in k.parts(shapes):
             part.plan(*s)
     except NapkinError as e:
