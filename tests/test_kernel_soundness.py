@@ -283,3 +283,38 @@ def test_a_stream_over_a_masks_query_axis_skips_only_what_its_update_absorbs():
     assert np.abs(want[2]) > 1e29  # key 2 is kept by no query: the fill times X, summed
     np.testing.assert_allclose(np.asarray(kernel(X)), want, rtol=1e-5)
     assert "does not absorb" in " ".join(kernel.plan(X.shape).notes)
+
+
+# the choices of a case the kernel fuzz found (CI, 2026-12-07), replayed by the generator
+_STREAM_CHUNK_OVER_ITS_AXIS = """
+    975 2 0 0 256 512 3 1 1 1 0 2 1 0 4 0 9 0 0 2 3 1 0 2 7 3 2 1 0 570 997 6 0 0 0 0 0 0 0
+    0 8 0 0 0 0 0 0 0 0 0 1 1 0 0 1 1 0 0 0 1 0 0 0 5 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0
+    0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 48 8 0 0 0 0 0 0 0 0 0 0 9 0 0 0 0 0 0 0 0 0 0 0
+    10 0 0 0 0 0 0 0 0 0 0 0 0 1 0 0 0 9 0 0 0 0 0 0 0 0 0 0 0 6 0 0 0 0 0 0 0 0 0 0 0 0 0 0
+    0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 6 39 18 1 0 0 1 1 0 0 0 1 0 0 1 1 0 0 0
+    1 0 0 0 1 0 0 0 0 0 0 0 0 0 0 0 0 1 1 0 0 1 1 0 1 1 1 1 1 1 7 0 0 0 0 0 0 0 0 0 5 0 0 0
+    0 0 0 0 1 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 57 59 62 20 2 0 0
+    0 0 1 0 0 1 1 0 0 1 1 0 0 1 1 0 0 0 1 0 0 0 0 0 0 0 0 0 0 0 0 1 1 0 1 1 1 1 1 1 1 1 1 1
+    1 1 1 1 1 0 1 1 5 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 3 0 0 0 0 0 0 0 0 55
+    0 0 0 0 0 316 791
+"""
+
+
+def test_an_axis_kept_whole_beside_its_streams_larger_chunk_is_padded_alike():
+    """A stream's chunk may be larger than its axis (4 over an axis of 1); the axis is then
+    padded to the chunk in every block, the ones that keep it whole too: the mask written
+    for the streamed block (4) was applied to an input whose block kept the axis's 1 entry —
+    a TypeError from inside JAX, where a kernel must run right or refuse in one line."""
+    class Replay(fuzz.Chooser):
+        def __init__(self, draws):
+            self.draws = [int(d) for d in draws.split()]
+
+        def integer(self, lo, hi):
+            return self.draws.pop(0)
+    ch = Replay(_STREAM_CHUNK_OVER_ITS_AXIS)
+    alg = fuzz.random_algorithm(ch)
+    programs, chain, findings, _ = fuzz.random_chain(alg, ch)
+    assert not findings and programs
+    assert [m[0] for m in chain][-1] == "stream_partition"
+    found = fuzz.check_kernel(alg, programs[-1], chain, ch)
+    assert not found, found[0].detail

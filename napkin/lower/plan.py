@@ -664,6 +664,7 @@ class Planner:
         self.parts = {g.axis: i for i, g in enumerate(self.grid) if g.stacked is not None}
         self.notes: list[str] = []
         self.padded: dict = {}
+        self.chunks: dict = {}  # axis -> the largest chunk a stream or loop cuts it in
 
     def extent(self, loop) -> int:
         """How far a schedule loop runs, at these shapes."""
@@ -675,6 +676,7 @@ class Planner:
         chunks = {}
         for s in [*streams.values(), *inner.values()]:  # the largest cut of an axis sets
             chunks[s.axis] = max(chunks.get(s.axis, 1), s.chunk)  # its block
+        self.chunks = chunks  # (an axis kept whole beside its stream's larger chunk: padded)
         inputs = self.inputs(chunks)
         outputs = self.outputs({s.axis: s.chunk for s in inner.values()})
         for a, block in self.padded.items():
@@ -794,10 +796,10 @@ class Planner:
 
     def whole(self, axis: str, n: int) -> int:
         """The block of an axis kept whole: its size, or the least size the backend's blocks
-        take above it (the axis is then padded and masked)."""
-        if self.rules.size_ok(n):
-            return n
-        return self.pad(axis, n, self.rules.block(n, 1))
+        take above it — and above the chunk a stream of the axis reads, which may be larger
+        than the axis (the axis is then padded and masked, in every block alike)."""
+        block = self.rules.block(n, self.chunks.get(axis, 1))
+        return n if block == n else self.pad(axis, n, block)
 
     def pad(self, axis: str, n: int, block: int) -> int:
         if self.padded.get(axis, block) != block:
