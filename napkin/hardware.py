@@ -349,11 +349,12 @@ def _validate_chip(hw: Hardware) -> None:
         need(getattr(hw, f), "", f, integer=True)
     for f in ("producer_warps", "producer_registers"):
         need(getattr(hw, f), "", f, integer=True, allow_zero=True)
-    if hw.producer_warps:  # setmaxnreg: 24 to 256 a thread, and room for the consumers
+    if hw.producer_warps:  # setmaxnreg's range a thread, and room for the consumers
         left = (hw.registers_per_sm_bytes or 0) // 4 // hw.warpgroup_threads
         most = max(1, max(hw.warps_per_block) * 32 // hw.warpgroup_threads)
-        if not 24 <= hw.producer_registers <= min(256, left - 8 * most):
-            fail(f"field producer_registers must be 24 to {min(256, left - 8 * most)} (what "
+        top = min(SETMAXNREG[1], left - 8 * most)
+        if not SETMAXNREG[0] <= hw.producer_registers <= top:
+            fail(f"field producer_registers must be {SETMAXNREG[0]} to {top} (what "
                  f"setmaxnreg takes, leaving {most} consumer warpgroups 8 each of the "
                  f"{left} a thread the SM's registers give), got {hw.producer_registers}")
     if hw.tile_max is not None:
@@ -535,6 +536,7 @@ _SRC = {
 
 SFU_EXP_PER_CLOCK_PER_SM = 16    # [CUDA] exp2f/ex2.approx: 16 results/clk/SM on CC 8.0 and 9.0
 SMEM_BYTES_PER_CLOCK_PER_SM = 128  # [EST] 32 banks x 4 B; shared memory -> registers
+SETMAXNREG = (24, 256)           # [PTX] setmaxnreg: registers a thread, in multiples of 8
 REGISTER_PARTITIONS = 4          # [A100-WP][H100-WP] 4 SM sub-partitions, 64 KB registers each
 
 

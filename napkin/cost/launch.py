@@ -39,6 +39,7 @@ import sympy
 
 from napkin.cost.model import combined, compute_times, evaluate_on, fold, value_at
 from napkin.core.memo import IdentityMemo
+from napkin.hardware import SETMAXNREG
 from napkin.schedule.nest import Loop, Move
 from napkin.schedule.resources import block_level
 
@@ -325,15 +326,11 @@ def smem_limit(hw) -> int:
     return min(hw.smem_per_block_max_bytes, block.capacity_bytes)
 
 
-# [PTX] setmaxnreg: a warp group's registers per thread, in multiples of 8, at most 256
-SETMAXNREG_MAX = 256
-
-
 def consumer_registers(hw, consumers) -> np.ndarray:
     """Registers per thread ``setmaxnreg`` gives each of ``consumers`` consumer warp groups
     of a warp-specialised block: the SM's file less the producer's, shared, in 8s."""
     left = hw.registers_per_sm_bytes // 4 // hw.warpgroup_threads - hw.producer_registers
-    return np.minimum(SETMAXNREG_MAX, left / np.asarray(consumers)) // 8 * 8
+    return np.minimum(SETMAXNREG[1], left / np.asarray(consumers)) // 8 * 8
 
 
 def register_budget(hw, warps) -> np.ndarray:

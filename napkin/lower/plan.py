@@ -677,7 +677,7 @@ class Planner:
         for s in [*streams.values(), *inner.values()]:  # the largest cut of an axis sets
             chunks[s.axis] = max(chunks.get(s.axis, 1), s.chunk)  # its block
         self.chunks = chunks  # (an axis kept whole beside its stream's larger chunk: padded)
-        inputs = self.inputs(chunks)
+        inputs = self.inputs()
         outputs = self.outputs({s.axis: s.chunk for s in inner.values()})
         for a, block in self.padded.items():
             self.notes.append(f"axis {a}={self.sizes.get(a)}: padded to {block} in every block, "
@@ -724,9 +724,10 @@ class Planner:
                             f"on a GPU; choose tiles of at least {least}")
         return ""
 
-    def inputs(self, chunks: dict) -> list:
-        """``chunks``: the chunk of every streamed axis."""
-        body, rules = self.st.body, self.rules
+    def inputs(self) -> list:
+        """Each input's plan (its blocks cut by ``self.chunks``: the chunk of every streamed
+        axis)."""
+        body, rules, chunks = self.st.body, self.rules, self.chunks
         g = to_graph(body)
         names = _unique([identifier(ob.name, "x") for ob in body.dom.inside])
         out = []

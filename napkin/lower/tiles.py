@@ -55,20 +55,19 @@ def choose(program, hardware, sizes: dict, dtype, backend: str, shapes, *,
     # rows: three consumers), only those dividing their axis where it masks no tail
     grid = Grid(c, at, power_of_two=own.rules.pow2, divisors=not own.rules.tails)
     order, _ = grid.ranked()
-    mult, why = dict(grid.mult), ""
-    for i in order[:TRIES]:
-        values = grid.values(int(i))
-        refused = writer_refusal(program, values, backend, dtype, c.schedule, shapes,
+
+    def point(i: int, refused: str = "") -> BackendTiles:
+        return BackendTiles(backend, grid.values(i), grid.launches.at(i)
+                            if grid.launches is not None else [], float(grid.time[i]),
+                            refused=refused, multiples=dict(grid.mult))
+    why = ""
+    for i in map(int, order[:TRIES]):
+        refused = writer_refusal(program, grid.values(i), backend, dtype, c.schedule, shapes,
                                  constants)
         if not refused:
-            return BackendTiles(backend, values, grid.launches.at(int(i))
-                                if grid.launches is not None else [], float(grid.time[int(i)]),
-                                multiples=mult)
+            return point(i)
         why = why or refused
-    first = grid.values(int(order[0]))
-    return BackendTiles(backend, first, grid.launches.at(int(order[0]))
-                        if grid.launches is not None else [], float(grid.time[int(order[0])]),
-                        refused=why, multiples=mult)
+    return point(int(order[0]), why)
 
 
 def writer_refusal(program, tiles, backend, dtype, schedule, shapes, constants=None) -> str:

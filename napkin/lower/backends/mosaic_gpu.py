@@ -52,6 +52,7 @@ initialised from registers, so there a contraction whose first operand is in reg
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import re
@@ -92,8 +93,14 @@ def consumer_registers(consumers: int) -> int:
     multiples of 8, at most 256 (a block holds W + 1 warpgroups of 128 threads) — the
     launch model's own formula, on Hopper as Mosaic runs it."""
     from napkin.cost.launch import consumer_registers as shared
+    return int(shared(_hopper(), consumers))
+
+
+@functools.cache
+def _hopper():
+    """Hopper as Mosaic runs it (built once: the writer asks per kernel)."""
     from napkin.hardware import H100_SXM
-    return int(shared(profile(H100_SXM), consumers))
+    return profile(H100_SXM)
 
 
 # [EST] registers of data (the schedule's count) one lone consumer thread may hold, scaled
@@ -104,7 +111,6 @@ def consumer_registers(consumers: int) -> int:
 # d = 64 and 128 — 64 x 128, 128 x 128 taken, x 256 not.  The writer's count stays the gate.
 REGISTER_BUDGET = 152
 SWIZZLE_BYTES = 128  # wgmma reads a chunk's operands through a 128-B swizzle (d >= 64 at bf16)
-TMA_BOX_MAX = 256    # [CUDA] a TMA box's largest extent along a dimension
 MAX_STAGES = 4       # the deepest pipeline the model may choose (JAX's Hopper matmul runs 4)
 
 
@@ -130,7 +136,7 @@ def profile(hw):
         hw, name=f"{hw.name} (Mosaic GPU)", levels=tuple(level(lv) for lv in hw.levels),
         warps_per_block=tuple(4 * w for w in range(1, MAX_CONSUMERS + 1)),
         producer_warps=4, producer_registers=PRODUCER_REGISTERS, pipeline_stages=MAX_STAGES,
-        register_budget=REGISTER_BUDGET, tile_max=TMA_BOX_MAX)
+        register_budget=REGISTER_BUDGET, tile_max=TMA_BOX)
 
 
 @dataclass(frozen=True)
