@@ -7,7 +7,9 @@ not where it does not.
 
 For each: optimise → plan → the backend's refusal or spelling → export for CUDA on this machine
 (no GPU needed) → the Mosaic module's shared memory, wgmma and TMA counts, whether its
-consumers take turns on the tensor cores, and its barrier arrivals and waits.  A program of
+consumers take turns on the tensor cores, whether a product of its step runs a step late
+(intra-warpgroup pipelining), its barrier arrivals and waits, and each wgmma.wait_group's N
+(at most N products left in flight: 1 then 0 a step where P·V runs a step late).  A program of
 several kernels is checked kernel by kernel.  Written to run on a CPU: it needs no GPU.
 """
 from __future__ import annotations
@@ -48,9 +50,10 @@ def check(name: str) -> str:
                      f"{facts.shared_memory:,} B ({exact} counted), {facts.wgmma} wgmma, "
                      f"{facts.tma_loads} TMA loads, setmaxnreg "
                      f"{' '.join('.'.join(x) for x in facts.setmaxnreg) or '-'}, "
-                     f"{'turns' if spec.written.turns else 'no turns'}"
-                     f" ({facts.arrivals} arrivals, {facts.waits} barrier waits, "
-                     f"{facts.mma_waits} wgmma waits)")
+                     f"{'turns' if spec.written.turns else 'no turns'}, "
+                     f"{'a product a step late' if spec.written.deferred else 'none late'}"
+                     f" ({facts.arrivals} arrivals, {facts.waits} barrier waits, wgmma "
+                     f"wait_group {','.join(map(str, facts.wait_groups)) or '-'})")
     return " | ".join(lines)
 
 

@@ -124,44 +124,65 @@ def test_kernel_source_is_warp_specialised():
     assert "copy_gmem_to_smem" in src and "copy_smem_to_gmem" in src
 
 
+def relowered(case):
+    """The case's kernel lowered again (after a monkeypatch of the writer)."""
+    sizes, k, shapes = kernel_for(case)
+    return lower(k.program, k.tiles, backend="mosaic", dtype="bf16", schedule=k.schedule), shapes
+
+
 def test_two_consumers_take_turns_on_the_tensor_cores(monkeypatch):
     """FlashAttention-3's ping-pong, from the step's diagram: where a step's product reads
-    a value the step computed (P·V after the softmax), two consumer warpgroups take turns —
-    a turn once the step's first product is issued and one before the product of the
-    computed value, the second consumer a turn behind (one before the pipeline, the first
-    consumer one after it: each takes as many). The exported module holds the turn barrier
-    (one more barrier, its arrivals and waits: two a step, two around the pipeline), and
-    interpret mode still matches float64 (gqa and alibi take turns there too)."""
-    # the backward's dQ step at two consumers: S's product (a turn once issued), dP's (both
-    # operands loaded: none), dQ's of the computed dS (a turn before)
+    a value the step computed (P·V after the softmax), two consumer warpgroups take turns,
+    two a step, the second consumer a turn behind (one before the pipeline, the first
+    consumer one after it: each takes as many).  With the product a step late (the step
+    issues all its products at once): a turn before they are issued and one after (in
+    both of the step's versions, the first step's and the others').  Without it: a turn once the step's first product is issued and
+    one before the product of the computed value.  The exported module holds the turn
+    barrier (one more barrier, its arrivals and waits: two a step — in each of its two
+    versions —, two around the pipeline), and interpret mode still matches float64 (gqa
+    and alibi take turns too)."""
+    # the backward's dQ step at two consumers: S's and dP's products (both operands
+    # loaded), issued between the turns with dS·K of the step before
     r = napkin.optimize("attention", hardware="h200", sizes={"q": 256, "x": 256, "d": 64},
                         dtype="bf16")
     dq = dict(r.backward.pieces)[("Q",)].with_tiles({"s_x": 64, "g_q": 128})
     dq_shapes = [tuple(dq.sizes[a.name] for a in ob.type.axes)
                  for ob in dq.algorithm.dom.inside]
     step = dq._forward_kernel("mosaic", True, "bf16").source(*dq_shapes).split("def x_chunk")[1]
-    products = [ln.split("= ")[1].split("(")[0] + (" turn " + ln.split("=")[-1][:-1]
-                                                   if "turns)" in ln else "")
-                for ln in step.splitlines() if " = _mma" in ln]
-    assert products == ["_mma turn turns", "_mma", "_mma_into_registers turn turns"], products
+    step = step.split("steps[")[0]
+    order = ["barrier_wait(K_ready)", "barrier_wait(V_ready)", "_turn(turns)",
+             "_issue(acc_0, Q_wg, K_wg.T)", "_issue(acc_1, dO_wg, V_wg.T)", "_issue_into(",
+             "_turn(turns)", "_load(acc_0, 1 if late else 0)", "_load(acc_1, None)",
+             "_load_into(", "_first_or_late(", "_release(K_free)"]
+    end = 0
+    for key in order:  # each after the one before (index raises where it is not)
+        end = step.index(key, end) + 1
+    assert step.count("_turn(turns)") == 2
     _, k, shapes = kernel_for("mha, 2 consumers of 64 q")
     spec = k.plan(*shapes)
     src = spec.source
-    assert "S = _mma(Q_wg, K_wg.T, (64, 64), after=turns)" in src
-    assert "_mma_into_registers(" in src and "before=turns)" in src
     assert src.index("pl.when(wg == 1)(lambda: _turn(turns))") < src.index(" = run((") < \
         src.index("pl.when(wg == 0)(lambda: _turn(turns))")
     assert "plgpu.Barrier(num_arrivals=2)" in src and spec.written.smem["barriers"] % 8 == 0
     assert any("take turns" in n for n in spec.notes) and spec.written.turns
     from napkin.cli.commands import written_by  # what `napkin run` and gpu.py's rows say
-    assert written_by(k, shapes) == "Mosaic GPU, consumers taking turns"
+    assert written_by(k, shapes) == \
+        "Mosaic GPU, consumers taking turns, a product a step late"
     on = facts_of(k, shapes)
     monkeypatch.setattr(mg, "waits_on_its_step", lambda *a: False)
-    off_k = lower(k.program, k.tiles, backend="mosaic", dtype="bf16", schedule=k.schedule)
+    off_k, _ = relowered("mha, 2 consumers of 64 q")
     assert "_turn(" not in off_k.source(*shapes).split("def kernel")[1]
     off = facts_of(off_k, shapes)
-    assert (on.arrivals - off.arrivals, on.waits - off.waits) == (4, 4)
+    # two turns a step in each of the step's two versions (first, later), two around
+    assert (on.arrivals - off.arrivals, on.waits - off.waits) == (6, 6)
     assert on.shared_memory == off.shared_memory + 8 and on.wgmma == off.wgmma
+    monkeypatch.undo()
+    monkeypatch.setattr(mg, "deferred_product", lambda *a: None)  # products waited for in turn
+    plain, _ = relowered("mha, 2 consumers of 64 q")
+    src = plain.source(*shapes)
+    assert "S = _mma(Q_wg, K_wg.T, (64, 64), after=turns)" in src
+    assert "_mma_into_registers(" in src and "before=turns)" in src
+    assert "manual_consumed_barriers" not in src and "_release(" not in src.split("def kernel")[1]
     alg = get("mha")
     xs = alg.sample(np.random.default_rng(5), CASES["mha, 2 consumers of 64 q"][1])
     if mg.interpret_supported():
@@ -170,14 +191,26 @@ def test_two_consumers_take_turns_on_the_tensor_cores(monkeypatch):
         assert np.max(np.abs(got - want)) <= 2e-2 * np.max(np.abs(want))
 
 
-def test_each_streamed_input_has_its_own_barrier():
-    """K and V land on barriers of their own (the pipeline's manual produced barriers): the
-    step waits for K just before Q·Kᵀ and for V only before P·V, so the product can start
-    on K alone; a chunk read first by an elementwise box (a bias) is waited for there, and
-    writing a read of a chunk before its wait is a writer's error, not a silent race."""
+def test_each_streamed_input_has_its_own_barrier(monkeypatch):
+    """K and V land on barriers of their own (the pipeline's manual produced barriers).
+    Where P·V runs a step late, the step waits for K before its products are issued and
+    for V at its end (its late product reads it a step later, the last one after the
+    pipeline), both outside the step's two versions.  Where the products are waited for in
+    turn, the step waits for K just before Q·Kᵀ and for V only before P·V, so the product
+    can start on K alone; a chunk read first by an elementwise box (a bias) is waited for
+    there, and writing a read of a chunk before its wait is a writer's error, not a silent
+    race."""
     _, k, shapes = kernel_for("causal")
     step = k.source(*shapes).split("def x_chunk")[1].split("steps[")[0]
-    assert "manual_produced_barriers=True" in k.source(*shapes)
+    lines = [ln.strip() for ln in step.splitlines()]
+    at = [next(i for i, ln in enumerate(lines) if key in ln)
+          for key in ("barrier_wait(K_ready)", "_issue(acc_0", "_first_or_late(",
+                      "barrier_wait(V_ready)")]
+    assert at == sorted(at) and sum("barrier_wait(" in ln for ln in lines) == 2
+    monkeypatch.setattr(mg, "deferred_product", lambda *a: None)
+    plain, shapes = relowered("causal")
+    step = plain.source(*shapes).split("def x_chunk")[1].split("steps[")[0]
+    assert "manual_produced_barriers=True)" in plain.source(*shapes)
     lines = [ln.strip() for ln in step.splitlines()]
     at = {key: next(i for i, ln in enumerate(lines) if key in ln)
           for key in ("barrier_wait(K_ready)", "_mma(Q_wg, K_wg.T", "barrier_wait(V_ready)",
@@ -192,6 +225,94 @@ def test_each_streamed_input_has_its_own_barrier():
     ref.pending = "bias_ready"
     with pytest.raises(AssertionError, match="before waiting for bias_ready"):
         str(ref)
+
+
+@pytest.mark.parametrize("case", ["attention", "causal", "mha, 2 consumers of 64 q",
+                                  "gqa, 1 query head per consumer"])
+def test_pv_runs_a_step_late_beside_the_next_chunks_products(case):
+    """FlashAttention-3's intra-warpgroup pipelining, read off the step's dataflow
+    (deferred_product: o's update is E(o) + P·V, P computed without reading o, nothing
+    else reading o): step j issues Q·K_jᵀ, then P_{j-1}·V_{j-1} into o's accumulator, waits
+    until at most one group is in flight (Q·K_jᵀ done: the softmax runs beside P·V), and
+    for none only where the boxes that read o start; the last chunk's P·V after the
+    pipeline, from its slot.  The first step (nothing late yet) is a version of its own
+    (lax.cond).  The exported module waits for wgmma groups (1, 0) a step, 0 in the first
+    and once after the pipeline — two waits for none a step without it.  The chunks are
+    released a step late, by the step itself (delay_release; its consumed barriers): K at
+    the step's start, V once its late product is done."""
+    _, k, shapes = kernel_for(case)
+    spec = k.plan(*shapes)
+    assert spec.written.deferred and any("a step late" in n for n in spec.notes)
+    src = spec.source
+    step = src.split("def x_chunk")[1].split("steps[")[0]
+    order = ["_release(K_free)", "barrier_wait(K_ready)", "_issue(acc_0, Q_wg, K_wg.T)",
+             "_issue_into(acc_state", "_load(acc_0, 1 if late else 0)", "_load_into(acc_state",
+             "_first_or_late(", "_release(V_free)", "barrier_wait(V_ready)"]
+    at = [step.index(key) for key in order]
+    assert at == sorted(at)
+    assert "lax.rem(idx[0] + 1, 2)" in step  # the previous chunk's slot
+    assert src.count("delay_release=1") == 2 and "manual_consumed_barriers=True" in src
+    # the later steps' (1, 0), the first step's 0, and the last chunk's P·V after
+    assert sorted(facts_of(k, shapes).wait_groups) == [0, 0, 0, 1]
+
+
+def test_a_late_product_of_the_wrong_chunk_fails_against_float64(monkeypatch):
+    """The late product's timing is checked, not trusted: reading this step's V slot
+    instead of the previous step's (an off-by-one a hand-written FA3 can make) pairs
+    P_{j-1} with V_j, and interpret mode no longer matches float64; nor does dropping the
+    last chunk's product after the pipeline.  And without a late product the exported
+    step waits for none twice."""
+    if not mg.interpret_supported():
+        pytest.skip("this jax has no Mosaic GPU interpret mode")
+    alg = get("attention")
+    sizes = CASES["attention"][1]
+    xs = alg.sample(np.random.default_rng(11), sizes)
+    want = np.asarray(alg.reference(*xs), np.float64)
+
+    def error(kernel):
+        got = np.asarray(kernel(*xs, interpret=True), np.float64)
+        return np.max(np.abs(got - want)) / np.max(np.abs(want))
+    assert error(kernel_for("attention")[1]) < 2e-2
+    slot = mg._Spelling.previous_chunk
+    monkeypatch.setattr(mg._Spelling, "previous_chunk",
+                        lambda self, b, at: slot(self, b, at.replace("idx[0] + ", "idx[0] + 1 + ")))
+    wrong, _ = relowered("attention")
+    assert "lax.rem(idx[0] + 1 + 1, 2)" in wrong.source(*[tuple(x.shape) for x in xs])
+    assert error(wrong) > 0.1
+    monkeypatch.undo()
+    monkeypatch.setattr(mg.MosaicWriter, "let", _dropping_the_last_product(mg.MosaicWriter.let))
+    dropped, _ = relowered("attention")
+    assert error(dropped) > 0.1
+    monkeypatch.undo()
+    monkeypatch.setattr(mg, "deferred_product", lambda *a: None)
+    plain, shapes = relowered("attention")
+    assert facts_of(plain, shapes).wait_groups == (0, 0)
+    assert facts_of(kernel_for("attention")[1], shapes).wait_groups.count(0) == 3
+
+
+def test_no_late_product_where_its_held_operand_does_not_fit_the_registers():
+    """Holding P a step (bf16, rows × chunk) costs registers: three consumers at d = 128 with
+    80-key chunks fit setmaxnreg's 152 without it (~145) and not with it (~165), so the step
+    is written the plain way, and says why; a matmul (no computed operand) defers nothing."""
+    sizes = {"q": 192, "x": 320, "d": 128}
+    r = napkin.optimize("attention", hardware="h200", sizes=sizes, dtype="bf16")
+    k = lower(r.program, {**r.tiles, "g_q": 192, "s_x": 80}, backend="mosaic", dtype="bf16",
+              name="attention", schedule=r.schedule)
+    spec = k.plan(*[tuple(sizes[a.name] for a in t.axes) for t in k.in_types])
+    assert not spec.written.deferred and "_issue(" not in spec.source.split("def kernel")[1]
+    assert any(n.startswith("no product runs a step late: ~165 registers") for n in spec.notes)
+    _, mm, shapes = kernel_for("matmul streamed over b")
+    assert not mm.plan(*shapes).written.deferred
+
+
+def _dropping_the_last_product(let):
+    """MosaicWriter.let, less the late product written after the pipeline (o as the steps
+    left it)."""
+    def patched(self, expr, *args, **kw):
+        if expr.startswith("_mma_into_registers(") and "flat_in_smem_refs" in expr:
+            return let(self, expr.split("(", 1)[1].split(",")[0], *args, **kw)
+        return let(self, expr, *args, **kw)
+    return patched
 
 
 @pytest.mark.parametrize("case", ["matmul streamed over b", "3 consumers (the paper's)",

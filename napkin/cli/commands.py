@@ -583,7 +583,8 @@ def written_by(kernel, shapes) -> str:
         why = next((n.split(": ", 1)[1] for n in spec.written.notes if n.startswith("backend: ")),
                    None)
         out.append((why or f"{names.get(spec.written.backend, spec.written.backend)}")
-                   + (", consumers taking turns" if spec.written.turns else ""))
+                   + (", consumers taking turns" if spec.written.turns else "")
+                   + (", a product a step late" if spec.written.deferred else ""))
     return "; ".join(dict.fromkeys(out))
 
 

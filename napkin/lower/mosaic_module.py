@@ -64,6 +64,7 @@ class ModuleFacts:
     arrivals: int = 0         # plain barrier arrivals (no TMA byte count): consumers' signals
     waits: int = 0            # barrier waits (mbarrier.try_wait)
     mma_waits: int = 0        # wgmma.wait_group: where a consumer waits for its products
+    wait_groups: tuple = ()   # each wait_group's N (at most N groups left in flight), in order
 
     @classmethod
     def read(cls, module: str) -> ModuleFacts:
@@ -83,4 +84,6 @@ class ModuleFacts:
                    len(re.findall(r"ex2\.approx", module)),
                    len(re.findall(r"mbarrier\.arrive\.release", module)),
                    len(re.findall(r"mbarrier\.try_wait", module)),
-                   len(re.findall(r"wgmma\.wait_group", module)))
+                   len(re.findall(r"wgmma\.wait_group", module)),
+                   tuple(int(n) for n in re.findall(r"wgmma\.wait_group\.sync\.aligned (\d+)",
+                                                    module)))

@@ -70,6 +70,7 @@ class Written:
     copies: tuple | None = None  # (reads, writes): HBM bytes per array, where the backend
     # counts its own copies (Mosaic GPU's TMA) instead of napkin.lower.traffic walking them
     turns: bool = False     # its consumer warpgroups take turns on the tensor cores (Mosaic)
+    deferred: bool = False  # a product of its stream's step runs a step late (Mosaic)
 
 
 def get_backend(name: str | None = None):

@@ -47,6 +47,7 @@ class MosaicWriter(Writer):
     def __init__(self, namespace=None):
         super().__init__(namespace)
         self.sizes = {}  # line -> values of the array it computes (the register estimate)
+        self.hoisted = None  # barriers waited for, to be written before (a list), or here
 
     def let(self, expr, *args, name=None, aval=None, comment=None):
         self.ready(*args)
@@ -76,7 +77,10 @@ class MosaicWriter(Writer):
             barrier = getattr(x, "pending", None)
             if barrier:
                 x.pending = None
-                self.line(f"plgpu.barrier_wait({barrier})")
+                if self.hoisted is not None:  # written before the code being written
+                    self.hoisted.append(barrier)
+                else:
+                    self.line(f"plgpu.barrier_wait({barrier})")
 
     def live_indices(self) -> set:
         """The lines :meth:`live_lines` keeps."""
@@ -145,6 +149,11 @@ class MosaicRecorder(Recorder):
     turns: str | None = None
     _issued = False
 
+    # A step whose products are issued first and waited for once (a product run a step late
+    # beside them: _Spelling.deferred_step): the products issued so far, as lines, and the
+    # product to hold back; None while a step is written the plain way.
+    issuing: Issuing | None = None
+
     def turn(self, a) -> str:
         """The turn keyword of a product whose first operand is ``a`` ("" for none)."""
         if self.turns is None:
@@ -193,8 +202,10 @@ class MosaicRecorder(Recorder):
             raise NapkinError(f"contraction {la},{lb}->{out}: wgmma takes one 2-D product "
                               f"(no batch axes)")
         a, b = self.astype(a, dt), self.astype(b, dt)
-        self.w.ready(a, b)
         m, n = sizes[fa[0]], sizes[fb[0]]
+        if self.issuing is not None:
+            return self.issuing.product(self, a, b, (la, lb, out, fa, fb, contracted), (m, n))
+        self.w.ready(a, b)
 
         def operand(x, order, want, which):
             if isinstance(x, SmemRef):
@@ -215,6 +226,54 @@ class MosaicRecorder(Recorder):
         c.mma = (A, B, "" if isinstance(a, SmemRef) else "_registers", turn)
         if out != fa[0] + fb[0]:
             c = self.transpose(c, [1, 0])
+        c.origin = ("dot",)
+        return c
+
+
+class NotDeferred(Exception):
+    """The step cannot be written with its products issued first (a product of a value it
+    computes other than the deferred one, a transposed result): written the plain way."""
+
+
+class DeferredProduct(Var):
+    """The product the step holds back: A (in registers, the wgmma dtype) and B (this step's
+    chunk), accumulated into the state at the next step."""
+
+    def __init__(self, writer, a, b, aval):
+        super().__init__(writer, "_deferred", aval, temp=False)
+        self.a, self.b = a, b
+
+
+class Issuing:
+    """A step's products, issued before any of them is waited for: each of two operands in
+    shared memory gets an accumulator and an ``_issue`` line; its value is an ``_load`` —
+    the first load waits for all but the deferred product (issued last), the others not at
+    all.  The product to defer is returned as a :class:`DeferredProduct`."""
+
+    def __init__(self):
+        self.lines, self.accumulators, self.defer_next, self.loads = [], [], False, 0
+
+    def product(self, xp, a, b, spec, mn):
+        la, lb, out, fa, fb, contracted = spec
+        if out != fa[0] + fb[0]:
+            raise NotDeferred(f"{la},{lb}->{out}: a transposed product")
+        if self.defer_next:  # (its B, this step's chunk, is read a step later: no wait now)
+            self.defer_next = False
+            if isinstance(a, SmemRef) or not isinstance(b, SmemRef) or \
+                    la != fa[0] + contracted[0] or lb != contracted[0] + fb[0]:
+                raise NotDeferred(f"{la},{lb}->{out}: not A (registers) @ B (a chunk)")
+            return DeferredProduct(xp.w, a, b, jax.ShapeDtypeStruct(mn, jnp.float32))
+        if not (isinstance(a, SmemRef) and isinstance(b, SmemRef)):
+            raise NotDeferred(f"{la},{lb}->{out}: a product of a value the step computes")
+        xp.w.ready(a, b)
+        A = a.ref if la == fa[0] + contracted[0] else f"{a.ref}.T"
+        B = b.ref if lb == contracted[0] + fb[0] else f"{b.ref}.T"
+        acc = f"acc_{len(self.accumulators)}"
+        self.accumulators.append(mn)
+        self.lines.append(f"_issue({acc}, {A}, {B})")
+        wait = "1 if late else 0" if self.loads == 0 else None
+        self.loads += 1
+        c = xp.w.let(f"_load({acc}, {wait})", aval=jax.ShapeDtypeStruct(mn, jnp.float32))
         c.origin = ("dot",)
         return c
 
@@ -274,6 +333,54 @@ def _mma_into_registers(acc, a, b, before=None, after=None):
     if _MODE["interpret"]:
         return acc + _mma_registers(a, b, acc.shape, before, after)
     return _mma_into(acc, a, b, before, after)
+
+
+def _issue(acc, a, b):
+    """Issue acc += a @ b on the tensor cores (both operands in shared memory); its result
+    is waited for where it is loaded (_load)."""
+    plgpu.wgmma(acc, a, b)
+
+
+def _load(acc, wait_n):
+    """An issued product's result, once at most ``wait_n`` wgmma groups are in flight (None:
+    no wait — an earlier load waited for it already)."""
+    if _MODE["interpret"]:
+        return acc[...]
+    return plgpu.wgmma_accumulator_load(acc, wait_n=wait_n)
+
+
+def _issue_into(acc, init, a, b, late=True):
+    """Issue acc = init + a @ b (``a`` in registers, WGMMA layout); _load_into waits for it.
+    Interpret mode computes it at once (its wgmma takes no registers, its accumulators no
+    initial value).  Not ``late`` (the first step: nothing to add yet): init."""
+    if not late:
+        return init
+    if _MODE["interpret"]:
+        return init + lax.dot_general(a, b[...], (((1,), (0,)), ((), ())),
+                                      preferred_element_type=jnp.float32)
+    acc[...] = init
+    plgpu.wgmma(acc, a, b)
+    return None
+
+
+def _load_into(acc, issued, late=True):
+    """The result of _issue_into, waiting for every product in flight."""
+    if _MODE["interpret"] or not late:
+        return issued
+    return plgpu.wgmma_accumulator_load(acc, wait_n=0)
+
+
+def _first_or_late(step, first, *accumulators):
+    """A step whose product runs a step late, over its accumulators: written twice, the
+    first step's (no late product yet) and the others'."""
+    return lax.cond(first, lambda: pl.run_scoped(lambda *a: step(*a, late=False), *accumulators),
+                    lambda: pl.run_scoped(lambda *a: step(*a, late=True), *accumulators))
+
+
+def _release(*barriers):
+    """Arrive on a pipeline's consumed barriers: the chunks in those slots may be refilled."""
+    for barrier in barriers:
+        plgpu.barrier_arrive(barrier)
 
 
 def _transforms(block, dtype):

@@ -60,15 +60,17 @@ from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
+import networkx as nx
 import numpy as np
 import sympy
 
 from napkin.core.arrays import array_types
 from napkin.core.errors import NapkinError
 from napkin.lower.backends import VARYING, Written, forward_params, load_module, varying_of
-from napkin.lower.backends.mosaic_emit import HELPERS, MosaicRecorder, MosaicWriter, SmemRef
+from napkin.lower.backends.mosaic_emit import (HELPERS, DeferredProduct, Issuing, MosaicRecorder,
+                                               MosaicWriter, NotDeferred, SmemRef)
 from napkin.lower.emit import LOW_PRECISION, Var, dtype_name
-from napkin.core.ir import to_graph
+from napkin.core.ir import to_graph, view
 from napkin.lower.plan import BlockRules, KernelPlan, loop_boxes, tile_indices
 from napkin.core.primitives import EvalContext, matmul_sides
 from napkin.core.semantics import fold_boxes
@@ -268,10 +270,66 @@ def waits_on_its_step(update, args) -> bool:
     return bool(waits)
 
 
+@dataclass(frozen=True)
+class _Later:
+    """A value of a deferred step's second phase, before it is written (box place, port)."""
+    at: int
+    port: int
+
+
+@dataclass(frozen=True)
+class Deferral:
+    """A stream's step whose product P·V may run a step late (FlashAttention-3's
+    intra-warpgroup pipelining): state ``state``'s update is ``E(state) + A·B`` — ``A``
+    computed in the step without reading that state, ``B`` a chunk — and nothing else the
+    step computes reads that state.  Then the step may carry Õ = E(state) and A instead:
+    step j issues its own products and A_{j-1}·B_{j-1} together, works on its products'
+    results while the latter runs, and completes state_{j-1} = Õ_{j-1} + A_{j-1}·B_{j-1}
+    only where E reads it; after the last step, state = Õ + A·B.  The same sums in the
+    same order, one step later.  ``product`` and ``add`` are the boxes' places among the
+    step's boxes (the ones ``fold_boxes`` applies), ``later`` those that read the state."""
+    state: int
+    product: int
+    add: int
+    later: frozenset
+
+
+def deferred_product(update, n_state: int) -> Deferral | None:
+    """The :class:`Deferral` a stream's step allows (None where none): read off the
+    step's dataflow, not a template.  One of its operands is computed in the step (A),
+    the other is one of the step's inputs (B): a product of two loaded operands (a
+    matmul's) has nothing in its step to run beside."""
+    g = view(update)
+    ins, outs = g.graph["inputs"], g.graph["outputs"]
+    ops = sorted(n for n in g if g.nodes[n]["kind"] == "op")  # (in the order of its boxes)
+    place = {n: i for i, n in enumerate(ops)}
+    for k in range(n_state):
+        later = nx.descendants(g, ins[k])
+        if any(v in later or v == ins[k] for i, v in enumerate(outs) if i != k):
+            continue  # another output reads the state
+        for n in ops:
+            node = g.nodes[n]
+            if matmul_sides(node["box"]) is None or n in later or \
+                    g.out_degree(node["outs"][0]) != 1:
+                continue
+            (z,) = g.successors(node["outs"][0])
+            spec = g.nodes[z]["box"].spec
+            out = g.nodes[z]["outs"][0]
+            if getattr(spec, "kind", None) == "zip" and spec.fn == "add" and z in later and \
+                    outs.count(out) == 1 and outs.index(out) == k and g.out_degree(out) == 0 \
+                    and sorted(v in ins[n_state:] for v in node["ins"]) == [False, True]:
+                return Deferral(k, place[n], place[z],
+                                frozenset(place[m] for m in ops if m in later))
+    return None
+
+
 # ------------------------------------------------------------------ the spelling
 class _Spelling:
-    def __init__(self, kernel, plan: KernelPlan, stages: int):
+    def __init__(self, kernel, plan: KernelPlan, stages: int, defer: bool = True):
         self.k, self.plan, self.stages = kernel, plan, stages
+        self.defer = defer  # a product may run a step late (deferred_product)
+        self.deferred = None  # the DeferredProduct, once a step defers one
+        self.done = None  # the name of the state completed by the late product, in the step
         self.w = MosaicWriter()
         self.xp = MosaicRecorder(self.w, kernel.f32_precision, dot_min=16)
         split = split_rows(plan)
@@ -301,6 +359,8 @@ class _Spelling:
         self.smem = {"staged": 0, "epilogue": 0, "alignment": 0, "reduction scratch": 0,
                      "barriers": 0}
         self.turns = None  # the consumers' ping-pong barrier, where the stream's step takes turns
+        self.slots = self.steps = None  # the pipeline's buffer slots and steps (pipeline())
+        self.chunk_order = []  # the pipeline's inputs: (chunk ref, array), its buffers' order
 
     # -------------------------------------------------------------- shapes and windows
     def consumer_shape(self, ap) -> tuple:
@@ -357,16 +417,9 @@ class _Spelling:
     def run(self, diagram, ctx, wires, step=False):
         """Evaluate ``diagram`` box by box, writing code (``step``: the stream's update)."""
         def apply(box, args):
-            kind = getattr(box.spec, "kind", None)
-            if kind == "stream":
+            if getattr(box.spec, "kind", None) == "stream":
                 return self.stream(box, ctx, args)
-            if step and kind == "mask" and self.skippable(box):
-                return [self.mask_where_needed(box, ctx, args)]
-            out = list(box.spec.evaluate(ctx, tuple(array_types(box.dom)),
-                                         tuple(array_types(box.cod)), *args))
-            for var, ob in zip(out, box.cod.inside):
-                self.w.rename(var, ob.name)
-            return out
+            return self.box(box, ctx, args, step)
         return fold_boxes(diagram, wires, apply)
 
     def skippable(self, box) -> bool:
@@ -421,16 +474,22 @@ class _Spelling:
         state = self.run(spec.init, EvalContext(env, ctx.offsets, self.xp), [])
         for var, ob in zip(state, spec.init.cod.inside):
             w.rename(var, ob.name)
+        n_state = len(state)
+        defer = deferred_product(spec.update, n_state) if self.defer and self.slots >= 2 \
+            else None
         carried = [a for a in fixed if not isinstance(a, SmemRef)]
         fn, idx = w.fresh(f"{ax}_chunk"), w.fresh("idx")
         chunk_names = [self.chunk_refs[args[i].ref] for i in streamed]
         ready = [w.fresh(f"{ap.name}_ready") for _, ap in chunk_names]  # a barrier each
-        w.line(f"def {fn}({idx}, {', '.join([c for c, _ in chunk_names] + ready)}, carry):")
+        free = [w.fresh(f"{ap.name}_free") for _, ap in chunk_names] if defer else []
+        w.line(f"def {fn}({idx}, {', '.join([c for c, _ in chunk_names] + ready + free)}, "
+               f"carry):")
         w.indent()
         st_in = [Var(w, w.fresh(ob.name), v.aval, temp=False)
                  for v, ob in zip(state, spec.init.cod.inside)]
         kept = [Var(w, w.fresh(v.name), v.aval, temp=False) for v in carried]
-        names = [v.name for v in st_in + kept]
+        held = Var(w, w.fresh("held"), I32, temp=False) if defer else None  # A_{j-1}
+        names = [v.name for v in st_in + kept] + ([held.name] if defer else [])
         w.line(f"{', '.join(names)}{',' if len(names) == 1 else ''} = carry")
         first = f"({idx}[0] + {self.lo})" if self.lo != 0 else f"{idx}[0]"
         start = w.let(f"{first} * {s}", name=f"{ax}0", aval=I32)
@@ -443,6 +502,7 @@ class _Spelling:
                 shape = tuple(s if a == ax else n for a, n in
                               zip(ins[i].names, args[i].shape))
                 chunk_args.append(SmemRef(w, view, jax.ShapeDtypeStruct(shape, args[i].dtype)))
+                chunk_args[-1].origin_ref = ref  # (its pipeline buffer: previous_chunk)
                 chunk_args[-1].pending = next(it_r)  # waited for where the step first reads it
                 chunks.append(chunk_args[-1])
             elif isinstance(a, SmemRef):
@@ -459,10 +519,14 @@ class _Spelling:
             self.notes.append(f"stream {ax}: the two consumers take turns on the tensor cores "
                               f"(ping-pong): one's products run while the other works on "
                               f"its last ones' results")
-        self.xp.take_turns(self.turns if turns else None)
-        new = self.run(spec.update, EvalContext(env, offsets, self.xp), st_in + chunk_args,
-                       step=True)
-        self.xp.take_turns(None)
+        step_ctx = EvalContext(env, offsets, self.xp)
+        if defer:
+            new = self.deferred_step(spec, step_ctx, st_in + chunk_args, defer, idx, held,
+                                     free, turns)
+        else:
+            self.xp.take_turns(self.turns if turns else None)
+            new = self.run(spec.update, step_ctx, st_in + chunk_args, step=True)
+            self.xp.take_turns(None)
         w.ready(*chunks)  # (a chunk the step never read: its barrier's phase still moves on)
         outs = []
         for var, init in zip(new, state):
@@ -470,25 +534,152 @@ class _Spelling:
                 var = w.let(f"{{0}}.astype({dtype_name(init.dtype)})", var)
             outs.append(var)
         # the step's temporaries, less the new state (updated in place): the register estimate
-        self.step_lines = (first, len(w.lines), {getattr(v, "line", -1) for v in outs},
-                           {v.name: v.aval.shape for v in st_in})
-        back = [v.name for v in outs + kept]
+        carry = {v.name: v.aval.shape for v in st_in}
+        if defer:  # the state the late product completed is updated in place too
+            carry[self.done] = st_in[defer.state].shape
+        self.step_lines = (first, len(w.lines), {getattr(v, "line", -1) for v in outs}, carry)
+        back = [v.name for v in outs + kept] + ([self.deferred.a.name] if defer else [])
         w.line(f"return ({', '.join(back)}{',' if len(back) == 1 else ''})")
         w.dedent()
         w.line(f"steps[{ax!r}] = {fn}")
         init = [v.name for v in state + carried]
+        if defer:  # A_{-1} = 0: the first step's late product adds nothing
+            a = self.deferred.a
+            init.append(w.let(f"jnp.zeros({a.shape}, {dtype_name(a.dtype)})", aval=a.aval).name)
         final = [Var(w, w.fresh(ob.name), v.aval, temp=False)
                  for v, ob in zip(state, spec.init.cod.inside)]
         rest = [w.fresh("_") for _ in carried]
         lhs = [v.name for v in final] + rest
+        if defer:
+            last = Var(w, w.fresh("held"), self.deferred.a.aval, temp=False)
+            lhs.append(last.name)
         if turns:  # the second consumer starts a turn behind; the first ends with one more
             w.line(f"pl.when(wg == 1)(lambda: _turn({self.turns}))")
         w.line(f"{', '.join(lhs)}{',' if len(lhs) == 1 else ''} = run(({', '.join(init)}"
                f"{',' if len(init) == 1 else ''}))")
         if turns:
             w.line(f"pl.when(wg == 0)(lambda: _turn({self.turns}))")
+        if defer:  # the last step's product, late: its chunk is still in its slot
+            b = self.previous_chunk(self.deferred.b, f"lax.rem({self.steps} - 1, {self.slots})")
+            k = defer.state
+            final[k] = w.let(f"_mma_into_registers({final[k].name}, {last.name}, {b})",
+                             aval=final[k].aval, name=spec.init.cod.inside[k].name)
         fin = EvalContext(env, ctx.offsets, self.xp)
         return self.run(spec.finalize, fin, final + fixed)
+
+    def previous_chunk(self, b: SmemRef, slot: str) -> str:
+        """The consumer's view of chunk ``b``'s buffer in pipeline slot ``slot`` (the
+        pipeline's allocation, all its slots), or ``b`` itself for a tile loaded once."""
+        for pos, (ref, ap) in enumerate(self.chunk_order):
+            if getattr(b, "origin_ref", None) == ref:
+                return self.consumer_view(ap, f"allocs['flat_in_smem_refs'][{pos}].at[{slot}]")
+        return b.ref
+
+    def deferred_step(self, spec, ctx, wires, defer: Deferral, idx, held, free, turns):
+        """The step with its product A·B run a step late (:class:`Deferral`), as FA3 writes
+        its main loop: one function over the step's accumulators issues the step's
+        products and then A_{j-1}·B_{j-1} (into the state's accumulator, from Õ), works on
+        the step's results while the latter runs (one ``wgmma.wait_group 1``), waits for it
+        (``wait_group 0``) only where the boxes that read the state start, and returns the
+        new state with this step's A.  It is written twice (``late``: a ``lax.cond``), as
+        the first step has no late product.  The chunks its products read are waited for
+        before it (never in a branch), B's chunk after it (read only a step later); the
+        previous step's chunks are released when nothing reads them any more: B's once its
+        late product is done, the others' at once."""
+        w, xp, k = self.w, self.xp, defer.state
+        fn, acc_o = w.fresh(f"{self.stream_plan.axis}_products"), w.fresh("acc_state")
+        releases = len(w.lines)
+        w.line("")  # the chunks the late product does not read, released (once known)
+        waits = len(w.lines)
+        w.line("")  # the waits for the chunks the step reads (once known)
+        head = len(w.lines)
+        w.line("")  # the function's header, once its accumulators are known
+        w.indent()
+        issues = len(w.lines)
+        w.line("")  # the issues, once the step's products are known
+        xp.issuing, w.hoisted, later, count = Issuing(), [], [], [0]
+
+        def apply(box, args):  # phase 1: everything that does not read the state
+            at, count[0] = count[0], count[0] + 1
+            if at in defer.later:
+                later.append((at, box, args))
+                return [_Later(at, p) for p in range(len(box.cod))]
+            xp.issuing.defer_next = at == defer.product
+            out = self.box(box, ctx, args)
+            if at == defer.product and not isinstance(out[0], DeferredProduct):
+                raise NotDeferred("the late product was not written as one")
+            return out
+        state = wires[k]
+        wires = list(wires)
+        wires[k] = _Later(-1, 0)
+        try:
+            new = fold_boxes(spec.update, wires, apply)
+        finally:
+            (issuing, xp.issuing), (hoisted, w.hoisted) = (xp.issuing, None), (w.hoisted, None)
+        deferred = next(v for _, _, args in later for v in args
+                        if isinstance(v, DeferredProduct))
+        self.deferred = deferred
+        issued = w.fresh("issued")
+        done = w.let(f"_load_into({acc_o}, {issued}, late)", aval=state.aval,
+                     name=f"{state.name}_done")
+        self.done = done.name
+        values = {(-1, 0): done}
+        for at, box, args in later:  # phase 2: the boxes that read the state
+            args = [values[(v.at, v.port)] if isinstance(v, _Later) else v for v in args]
+            if at == defer.add:
+                e = next(v for v in args if not isinstance(v, DeferredProduct))
+                if e.shape != deferred.shape:
+                    raise NotDeferred("the late product's sum broadcasts")
+                out = [e]
+            else:
+                out = self.box(box, ctx, args)
+            values.update({(at, p): v for p, v in enumerate(out)})
+        new = [values[(v.at, v.port)] if isinstance(v, _Later) else v for v in new]
+        back = [v.name for v in new] + [deferred.a.name]
+        w.line(f"return ({', '.join(back)},)")
+        w.dedent()
+        accs = [f"acc_{i}" for i in range(len(issuing.accumulators))] + [acc_o]
+        w.lines[head] = "    " * w.depth + f"def {fn}({', '.join(accs)}, late):"
+        w.lines[waits] = "\n".join("    " * w.depth + f"plgpu.barrier_wait({b})"
+                                    for b in hoisted)
+        b = self.previous_chunk(deferred.b, f"lax.rem({idx}[0] + {self.slots - 1}, "
+                                            f"{self.slots})")
+        held.aval = deferred.a.aval
+        turn = [f"_turn({self.turns})"] if turns else []  # (both branches take both turns)
+        lines = turn + issuing.lines + [f"{issued} = _issue_into({acc_o}, {state.name}, "
+                                        f"{held.name}, {b}, late)"] + turn
+        w.lines[issues] = "\n".join("    " * (w.depth + 1) + ln for ln in lines)
+        shapes = issuing.accumulators + [state.shape]
+        w.line(f"{', '.join(back)}, = _first_or_late({fn}, {idx}[0] == 0, "
+               + ", ".join(f"plgpu.ACC({sh}, jnp.float32)" for sh in shapes) + ")")
+        read = {pos for pos, (ref, _) in enumerate(self.chunk_order)
+                if getattr(deferred.b, "origin_ref", None) == ref}
+        now = [f for pos, f in enumerate(free) if pos not in read]
+        if now:
+            w.lines[releases] = "    " * w.depth + \
+                f"pl.when({idx}[0] > 0)(lambda: _release({', '.join(now)}))"
+        if read:
+            w.line(f"pl.when({idx}[0] > 0)(lambda: _release({free[min(read)]}))")
+        self.notes.append(
+            f"stream {self.stream_plan.axis}: {deferred.a.name}·{deferred.b.ref} runs a step "
+            f"late, beside the next step's products (intra-warpgroup pipelining): one "
+            f"wgmma.wait_group 1 and one wait_group 0 a step")
+        out = []
+        for v in new:  # the same names, bound outside the function
+            out.append(Var(w, v.name, v.aval, temp=False))
+            out[-1].line = getattr(v, "line", -1)
+        return out
+
+    def box(self, box, ctx, args, step=True):
+        """One box, its code written (``step``: of a stream's update — a mask there runs only
+        in the chunks it does not keep whole)."""
+        if step and box.spec.kind == "mask" and self.skippable(box):
+            return [self.mask_where_needed(box, ctx, args)]
+        out = list(box.spec.evaluate(ctx, tuple(array_types(box.dom)),
+                                     tuple(array_types(box.cod)), *args))
+        for var, ob in zip(out, box.cod.inside):
+            self.w.rename(var, ob.name)
+        return out
 
     # -------------------------------------------------------------- the module
     def write(self) -> Written:
@@ -533,6 +724,7 @@ class _Spelling:
             w.lines[scoped] = w.lines[scoped].replace("):", f", {self.turns}):")
             scratch.append(f"plgpu.Barrier(num_arrivals={self.split.consumers})")
             self.smem["barriers"] += 8
+        self.late_release()
         allocs = ([f"pipeline(_ignore, _ignore).get_allocations({', '.join(windows)})"]
                   if self.stream_box else [])
         w.line(f"pl.run_scoped(scoped, {', '.join(allocs + scratch)}, collective_axes='wg')")
@@ -544,6 +736,22 @@ class _Spelling:
         self.reduction_scratch()
         self.check_shared_memory()
         return self.module(self.split.consumers + bool(self.stream_box))
+
+    def late_release(self) -> None:
+        """The pipeline as the step needs it: where a product runs a step late, its chunks
+        are released a step late (``delay_release``), by the step itself (its consumed
+        barriers: the previous step's chunks once the late product is done)."""
+        late = self.deferred is not None
+        for i, line in enumerate(self.w.lines):
+            if "<late>" in line:
+                self.w.lines[i] = line.replace(
+                    "transforms=_transforms", "<keep>").replace(
+                    ")<late>)", "), delay_release=1)" if late else "))").replace(
+                    "True<late>)", "True, manual_consumed_barriers=True)" if late
+                    else "True)").replace("<keep>", "transforms=_transforms")
+        if late:  # a consumed barrier per input and slot, not one for all
+            self.smem["barriers"] += 8 * (len(self.streamed) - 1) * min(self.stages,
+                                                                     self.stream_plan.chunks)
 
     def grid_starts(self) -> None:
         """Per grid axis, where this program's tile starts (``self.starts``: axis -> name)."""
@@ -615,6 +823,7 @@ class _Spelling:
             else max(hi - lo, 1)
         self.lo = lo
         stages = min(self.stages, sp.chunks)
+        self.steps, self.slots = steps, min(stages, steps) if isinstance(steps, int) else stages
         specs, windows = [], []
         for i in sorted(self.streamed):
             ap = plan.inputs[i]
@@ -623,8 +832,9 @@ class _Spelling:
             block = tuple(sp.chunk if a == sp.axis else b for a, b in zip(names, ap.kernel_block))
             index = ", ".join((f"c + {lo}" if lo != 0 else "c") if a == sp.axis else "0"
                               for a in names)
+            # (a step that runs a product late keeps its chunks one step more: <late>)
             specs.append(f"plgpu.BlockSpec({block}, lambda c: ({index},), "
-                         f"transforms=_transforms({block}, {dtype_name(ap.dtype)}))")
+                         f"transforms=_transforms({block}, {dtype_name(ap.dtype)})<late>)")
             self.buffer("staged", stages * self.nbytes(block, ap.dtype))
         w.line("def pipeline(step, consumer):")
         w.line("    return plgpu.emit_pipeline_warp_specialized(")
@@ -632,7 +842,7 @@ class _Spelling:
         w.line(f"        in_specs=[{', '.join(specs)}],")
         w.line(f"        wg_axis='wg', num_compute_wgs={self.split.consumers}, "
                f"max_concurrent_steps={stages}, compute_context=consumer,")
-        w.line("        manual_produced_barriers=True)")  # a barrier per input: K before V
+        w.line("        manual_produced_barriers=True<late>)")  # a barrier per input: K before V
         self.smem["barriers"] += 8 * (len(specs) + 1) * stages  # produced (each), consumed
         return windows
 
@@ -653,6 +863,7 @@ class _Spelling:
             if i in self.streamed:
                 ref = w.reserve(f"{ap.name}_chunk")
                 self.chunk_refs[ref] = (ref, ap)
+                self.chunk_order.append((ref, ap))
                 wires.append(SmemRef(w, ref, aval))
             elif i in self.scalars:
                 at = ", ".join(str(self.starts[a]) for a in ap.type.names)
@@ -800,9 +1011,16 @@ class _Spelling:
         # place; any other tile (scores, probabilities — even of the state's shape) lives
         # beside the state, with its predecessor while it is computed
         peak = max([n if in_place(line, sh) else 2 * n for line, n, sh in temps], default=0)
-        need = int((sum(math.prod(v.shape) for v in avals) + peak) / THREADS)
+        held = 0  # the late product's A, carried to the next step (in registers of 4 B)
+        if self.deferred is not None:
+            a = self.deferred.a
+            held = math.prod(a.shape) * a.dtype.itemsize / 4
+        need = int((sum(math.prod(v.shape) for v in avals) + peak + held) / THREADS)
         have = consumer_registers(W)
         self.notes.append(f"registers per consumer thread: ~{need} of {have} (setmaxnreg)")
+        if need > have and self.deferred is not None:
+            raise NotDeferred(f"~{need} registers per consumer thread with the late product's "
+                              f"operand held, {have} left")
         if need > have:
             raise NapkinError(f"a consumer warpgroup needs ~{need} registers per thread (its "
                               f"state and tiles) and {W} consumers leave {have}: choose smaller "
@@ -871,7 +1089,8 @@ class _Spelling:
         launch = {"num_stages": self.stages, "consumer_warpgroups": self.split.consumers}
         return Written(source, forward, calls, launch, list(self.notes),
                        definitions=definitions, backend="mosaic", smem=dict(self.smem),
-                       copies=self.copies(), turns=self.turns is not None)
+                       copies=self.copies(), turns=self.turns is not None,
+                       deferred=self.deferred is not None)
 
     def copies(self) -> tuple[dict, dict]:
         """HBM bytes each array's TMA copies move over the whole grid (reads, writes): a
@@ -930,7 +1149,13 @@ class MosaicGPU:
         why = refusal(plan)
         if why:
             raise NapkinError(f"{kernel.name}: the Mosaic GPU backend cannot write it: {why}")
-        return _Spelling(kernel, plan, int(kernel.launch["num_stages"])).write()
+        stages = int(kernel.launch["num_stages"])
+        try:
+            return _Spelling(kernel, plan, stages).write()
+        except NotDeferred as e:  # the products waited for in turn, as before
+            written = _Spelling(kernel, plan, stages, defer=False).write()
+            written.notes.append(f"no product runs a step late: {e}")
+            return written
 
     def export(self, kernel, structs, device_kind: str = "NVIDIA H100") -> str:
         """Lower for CUDA on any machine (no GPU needed): the MLIR text holding the
