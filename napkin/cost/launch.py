@@ -27,7 +27,8 @@ of a :class:`napkin.cost.grid.Grid`, for a profile whose ``register_budget`` is 
   and compute do not overlap (their sum, not their max).  A program's time is its kernels'
   sum.  A warp-specialised block, alone on its SM, has only its own pipeline to hide a
   load's latency: its stages are the fewest (2 up to ``pipeline_stages``, as many as fit)
-  whose chunks in flight cover it, and what they leave uncovered is paid every step.
+  whose buffers, each held for a load's latency, its transfer and its step, keep a step
+  running every step (:func:`_depth`), and what they leave uncovered stalls every step.
 """
 from __future__ import annotations
 
@@ -247,9 +248,12 @@ class Launches:
         # together wait together: a grid of many tiny blocks is bound by this, not bandwidth
         latency = waves * (hw.memory_latency_s + ev(k.steps) * hw.step_s)
         if hw.producer_warps:  # a warp-specialised block is alone on its SM: only its own
-            stages, exposed = _depth(hw, stages, roof / useful / np.maximum(waves * steps, 1))
+            per_step = useful * np.maximum(waves * steps, 1)
+            memory = np.max(np.stack(parts), axis=0) if parts else np.zeros(n)
+            stages, exposed = _depth(hw, stages, roof / per_step, memory / per_step)
             smem = smem1 + (np.maximum(stages, 1) - 1) * stage  # pipeline hides its loads
-            latency = latency + waves * steps * exposed
+            # a pipeline too shallow stalls every step: the steps run slower than the roof
+            roof = roof + useful * waves * steps * exposed
         time = ev(k.launches) * (hw.launch_s + np.maximum(roof / useful, latency))
         return KernelLaunch(k.name, warps.astype(int), np.maximum(stages, 1).astype(int), smem,
                             smem1, regs, spilled, per_sm.astype(int), ctas, waves, fits, why,
@@ -343,15 +347,20 @@ def register_budget(hw, warps) -> np.ndarray:
     return hw.register_budget * consumer_registers(hw, groups) / consumer_registers(hw, 1)
 
 
-def _depth(hw, most, step) -> tuple:
-    """(stages, exposed latency per step) of a warp-specialised block's pipeline: the fewest
-    of 2 up to ``most`` (what fits its shared memory) whose chunks in flight cover a load's
-    ``memory_latency_s`` with the steps ahead of it ((stages - 1) x ``step``, a step's share
-    of the kernel's time: Little's law), and what of that latency stays uncovered."""
-    need = 1 + np.ceil(hw.memory_latency_s / np.maximum(step, 1e-15))
+def _depth(hw, most, step, load) -> tuple:
+    """(stages, exposed latency per step) of a warp-specialised block's pipeline.  A chunk's
+    buffer is held from its copy's issue until its step is done: a load's
+    ``memory_latency_s``, its transfer (``load``: a step's share of the kernel's memory
+    time) and the step (``step``: its share of the kernel's time).  To run a step every
+    ``step`` the pipeline needs that many steps' worth of buffers (Little's law): the fewest
+    stages of 2 up to ``most`` (what fits its shared memory) with (stages - 1) x step >=
+    latency + load — a bandwidth-bound stream (load = step) takes 3 or more.  With fewer,
+    each step waits (latency + load + step) / stages - step (the exposed latency)."""
+    held = hw.memory_latency_s + load
+    need = 1 + np.ceil(held / np.maximum(step, 1e-15))
     stages = np.where(most >= 2, np.clip(need, 2, np.maximum(most, 2)), most)
-    exposed = np.where(stages >= 2,
-                       np.maximum(hw.memory_latency_s - (stages - 1) * step, 0.0), 0.0)
+    exposed = np.where(stages >= 2, np.maximum((held + step) / np.maximum(stages, 1) - step,
+                                               0.0), 0.0)
     return stages, exposed
 
 

@@ -292,6 +292,15 @@ class LoweredKernel:
         self._last = key
         return self._plans[key]
 
+    def refusal(self, *shapes, sizes: dict | None = None) -> str:
+        """Why the backend refuses the plan for these shapes before writing any of it (""
+        where it does not: writing may still refuse, on registers or shared memory)."""
+        why = getattr(self.backend, "refusal", None)
+        if why is None:
+            return ""
+        shapes = [tuple(int(n) for n in (s.shape if hasattr(s, "shape") else s)) for s in shapes]
+        return why(Planner(self, shapes, self.dtypes(), self.backend.rules, sizes).plan())
+
     def source(self, *shapes) -> str:
         if shapes:
             return self.plan(*shapes).source
@@ -351,6 +360,9 @@ class BoundKernel:
 
     def plan(self, *shapes) -> Specialised:
         return self.kernel.plan(*shapes, sizes=self.sizes)
+
+    def refusal(self, *shapes) -> str:
+        return self.kernel.refusal(*shapes, sizes=self.sizes)
 
     def __call__(self, *arrays, interpret=None):
         return self.kernel(*arrays, interpret=interpret, sizes=self.sizes)

@@ -17,6 +17,9 @@ from dataclasses import dataclass, field
 from napkin.core.errors import NapkinError
 
 TRIES = 6  # ranked points the writer is asked to take before the backend is said to refuse
+# ranked points looked at, at most: one the backend refuses by its plan alone (rows no
+# warpgroup layout takes, a block over a TMA box) costs no writing and is not a try
+LOOKED_AT = 64
 
 
 @dataclass(frozen=True)
@@ -60,24 +63,37 @@ def choose(program, hardware, sizes: dict, dtype, backend: str, shapes, *,
         return BackendTiles(backend, grid.values(i), grid.launches.at(i)
                             if grid.launches is not None else [], float(grid.time[i]),
                             refused=refused, multiples=dict(grid.mult))
-    why = ""
-    for i in map(int, order[:TRIES]):
+    why, tries = "", 0
+    for i in map(int, order[:LOOKED_AT]):
         refused = writer_refusal(program, grid.values(i), backend, dtype, c.schedule, shapes,
-                                 constants)
+                                 constants, plan_only=True)
         if not refused:
-            return point(i)
+            tries += 1
+            refused = writer_refusal(program, grid.values(i), backend, dtype, c.schedule,
+                                     shapes, constants)
+            if not refused:
+                return point(i)
         why = why or refused
+        if tries == TRIES:
+            break
     return point(int(order[0]), why)
 
 
-def writer_refusal(program, tiles, backend, dtype, schedule, shapes, constants=None) -> str:
-    """Why ``backend`` does not write ``program`` at ``tiles`` ("" when it does)."""
+def writer_refusal(program, tiles, backend, dtype, schedule, shapes, constants=None,
+                   plan_only=False) -> str:
+    """Why ``backend`` does not write ``program`` at ``tiles`` ("" when it does);
+    ``plan_only``: why it refuses the plans, before writing any kernel."""
     from napkin.lower import lower
     try:
         k = lower(program, {**(constants or {}), **tiles}, backend=backend, dtype=dtype,
                   schedule=schedule)
         for part, s in k.parts(shapes):
-            part.plan(*s)
+            if plan_only:
+                why = part.refusal(*s)
+                if why:
+                    return why
+            else:
+                part.plan(*s)
     except NapkinError as e:
         return str(e).split("cannot write it: ", 1)[-1]
     return ""
