@@ -305,6 +305,20 @@ def test_no_late_product_where_its_held_operand_does_not_fit_the_registers():
     assert not mm.plan(*shapes).written.deferred
 
 
+def test_three_consumers_over_a_dynamic_number_of_steps_wait_for_each_product():
+    """Three consumers with tile skipping (causal at q = x = 192, one tile of 192 rows)
+    hung in interpret mode with P·V a step late (cause not found): written the plain way
+    until it is; three consumers over a fixed number of steps keep the late product."""
+    sizes = {"q": 192, "x": 192, "d": 64}
+    r = napkin.optimize("causal_attention", hardware="h200", sizes=sizes, dtype="bf16")
+    k = lower(r.program, {**r.tiles, "g_q": 192, "s_x": 64}, backend="mosaic", dtype="bf16",
+              name="causal_attention", schedule=r.schedule)
+    spec = k.plan(*[tuple(sizes[a.name] for a in t.axes) for t in k.in_types])
+    assert spec.launch["consumer_warpgroups"] == 3 and not spec.written.deferred
+    _, k3, shapes = kernel_for("3 consumers (the paper's)")
+    assert k3.plan(*shapes).written.deferred
+
+
 def _dropping_the_last_product(let):
     """MosaicWriter.let, less the late product written after the pipeline (o as the steps
     left it)."""
