@@ -279,10 +279,7 @@ class LoweredKernel:
     def plan(self, *shapes, sizes: dict | None = None) -> Specialised:
         """The kernel for inputs of these shapes (tuples, arrays or ShapeDtypeStructs);
         ``sizes``: size symbols bound by the program this kernel is part of."""
-        if len(shapes) != len(self.in_types):
-            raise ShapeError(f"{self.name} takes {len(self.in_types)} inputs "
-                             f"({', '.join(self.in_names)}), got {len(shapes)}")
-        shapes = [tuple(int(n) for n in (s.shape if hasattr(s, "shape") else s)) for s in shapes]
+        shapes = self._shapes(shapes)
         dts = self.dtypes()
         key = (tuple(shapes), tuple(str(d) for d in dts), tuple(sorted(map(str, (sizes or {})
                                                                             .items()))))
@@ -298,8 +295,15 @@ class LoweredKernel:
         why = getattr(self.backend, "refusal", None)
         if why is None:
             return ""
-        shapes = [tuple(int(n) for n in (s.shape if hasattr(s, "shape") else s)) for s in shapes]
-        return why(Planner(self, shapes, self.dtypes(), self.backend.rules, sizes).plan())
+        return why(Planner(self, self._shapes(shapes), self.dtypes(), self.backend.rules,
+                           sizes).plan())
+
+    def _shapes(self, shapes) -> list:
+        """The input shapes as tuples of ints (from tuples, arrays or ShapeDtypeStructs)."""
+        if len(shapes) != len(self.in_types):
+            raise ShapeError(f"{self.name} takes {len(self.in_types)} inputs "
+                             f"({', '.join(self.in_names)}), got {len(shapes)}")
+        return [tuple(int(n) for n in (s.shape if hasattr(s, "shape") else s)) for s in shapes]
 
     def source(self, *shapes) -> str:
         if shapes:

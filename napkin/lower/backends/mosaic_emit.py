@@ -203,9 +203,6 @@ class MosaicRecorder(Recorder):
                               f"(no batch axes)")
         a, b = self.astype(a, dt), self.astype(b, dt)
         m, n = sizes[fa[0]], sizes[fb[0]]
-        if self.issuing is not None:
-            return self.issuing.product(self, a, b, (la, lb, out, fa, fb, contracted), (m, n))
-        self.w.ready(a, b)
 
         def operand(x, order, want, which):
             if isinstance(x, SmemRef):
@@ -219,6 +216,9 @@ class MosaicRecorder(Recorder):
             return x.name
         A = operand(a, la, fa[0] + contracted[0], "A")
         B = operand(b, lb, contracted[0] + fb[0], "B")
+        if self.issuing is not None:
+            return self.issuing.product(self, a, b, A, B, out != fa[0] + fb[0], (m, n))
+        self.w.ready(a, b)
         helper = "_mma" if isinstance(a, SmemRef) else "_mma_registers"
         turn = self.turn(a)
         c = self.w.let(f"{helper}({A}, {B}, ({m}, {n}){turn})",
@@ -253,21 +253,18 @@ class Issuing:
     def __init__(self):
         self.lines, self.accumulators, self.defer_next, self.loads = [], [], False, 0
 
-    def product(self, xp, a, b, spec, mn):
-        la, lb, out, fa, fb, contracted = spec
-        if out != fa[0] + fb[0]:
-            raise NotDeferred(f"{la},{lb}->{out}: a transposed product")
+    def product(self, xp, a, b, A, B, transposed: bool, mn):
+        """The product ``a @ b`` (written ``A``, ``B``: MosaicRecorder._dot's operands)."""
+        if transposed:
+            raise NotDeferred(f"{A} @ {B}: a transposed product")
         if self.defer_next:  # (its B, this step's chunk, is read a step later: no wait now)
             self.defer_next = False
-            if isinstance(a, SmemRef) or not isinstance(b, SmemRef) or \
-                    la != fa[0] + contracted[0] or lb != contracted[0] + fb[0]:
-                raise NotDeferred(f"{la},{lb}->{out}: not A (registers) @ B (a chunk)")
+            if isinstance(a, SmemRef) or not isinstance(b, SmemRef):
+                raise NotDeferred(f"{A} @ {B}: not A (registers) @ B (shared memory)")
             return DeferredProduct(xp.w, a, b, jax.ShapeDtypeStruct(mn, jnp.float32))
         if not (isinstance(a, SmemRef) and isinstance(b, SmemRef)):
-            raise NotDeferred(f"{la},{lb}->{out}: a product of a value the step computes")
+            raise NotDeferred(f"{A} @ {B}: a product of a value the step computes")
         xp.w.ready(a, b)
-        A = a.ref if la == fa[0] + contracted[0] else f"{a.ref}.T"
-        B = b.ref if lb == contracted[0] + fb[0] else f"{b.ref}.T"
         acc = f"acc_{len(self.accumulators)}"
         self.accumulators.append(mn)
         self.lines.append(f"_issue({acc}, {A}, {B})")

@@ -359,8 +359,8 @@ class _Spelling:
         self.smem = {"staged": 0, "epilogue": 0, "alignment": 0, "reduction scratch": 0,
                      "barriers": 0}
         self.turns = None  # the consumers' ping-pong barrier, where the stream's step takes turns
-        self.slots = self.steps = None  # the pipeline's buffer slots and steps (pipeline())
-        self.chunk_order = []  # the pipeline's inputs: (chunk ref, array), its buffers' order
+        # the pipeline's stages, buffer slots and steps (pipeline())
+        self.stages_in_flight = self.slots = self.steps = None
 
     # -------------------------------------------------------------- shapes and windows
     def consumer_shape(self, ap) -> tuple:
@@ -490,8 +490,8 @@ class _Spelling:
         st_in = [Var(w, w.fresh(ob.name), v.aval, temp=False)
                  for v, ob in zip(state, spec.init.cod.inside)]
         kept = [Var(w, w.fresh(v.name), v.aval, temp=False) for v in carried]
-        held = Var(w, w.fresh("held"), I32, temp=False) if defer else None  # A_{j-1}
-        names = [v.name for v in st_in + kept] + ([held.name] if defer else [])
+        held = w.fresh("held") if defer else None  # A_{j-1}'s name
+        names = [v.name for v in st_in + kept] + ([held] if defer else [])
         w.line(f"{', '.join(names)}{',' if len(names) == 1 else ''} = carry")
         first = f"({idx}[0] + {self.lo})" if self.lo != 0 else f"{idx}[0]"
         start = w.let(f"{first} * {s}", name=f"{ax}0", aval=I32)
@@ -569,13 +569,21 @@ class _Spelling:
         fin = EvalContext(env, ctx.offsets, self.xp)
         return self.run(spec.finalize, fin, final + fixed)
 
+    def pipeline_input(self, b: SmemRef) -> int | None:
+        """The place among the pipeline's inputs of the chunk ``b`` views (None: a tile
+        loaded once)."""
+        refs = list(self.chunk_refs)
+        origin = getattr(b, "origin_ref", None)
+        return refs.index(origin) if origin in refs else None
+
     def previous_chunk(self, b: SmemRef, slot: str) -> str:
         """The consumer's view of chunk ``b``'s buffer in pipeline slot ``slot`` (the
         pipeline's allocation, all its slots), or ``b`` itself for a tile loaded once."""
-        for pos, (ref, ap) in enumerate(self.chunk_order):
-            if getattr(b, "origin_ref", None) == ref:
-                return self.consumer_view(ap, f"allocs['flat_in_smem_refs'][{pos}].at[{slot}]")
-        return b.ref
+        pos = self.pipeline_input(b)
+        if pos is None:
+            return b.ref
+        _, ap = self.chunk_refs[b.origin_ref]
+        return self.consumer_view(ap, f"allocs['flat_in_smem_refs'][{pos}].at[{slot}]")
 
     def deferred_step(self, spec, ctx, wires, defer: Deferral, idx, held, free, turns):
         """The step with its product A·B run a step late (:class:`Deferral`), as FA3 writes
@@ -646,22 +654,20 @@ class _Spelling:
                                     for b in hoisted)
         b = self.previous_chunk(deferred.b, f"lax.rem({idx}[0] + {self.slots - 1}, "
                                             f"{self.slots})")
-        held.aval = deferred.a.aval
         turn = [f"_turn({self.turns})"] if turns else []  # (both branches take both turns)
         lines = turn + issuing.lines + [f"{issued} = _issue_into({acc_o}, {state.name}, "
-                                        f"{held.name}, {b}, late)"] + turn
+                                        f"{held}, {b}, late)"] + turn
         w.lines[issues] = "\n".join("    " * (w.depth + 1) + ln for ln in lines)
         shapes = issuing.accumulators + [state.shape]
         w.line(f"{', '.join(back)}, = _first_or_late({fn}, {idx}[0] == 0, "
                + ", ".join(f"plgpu.ACC({sh}, jnp.float32)" for sh in shapes) + ")")
-        read = {pos for pos, (ref, _) in enumerate(self.chunk_order)
-                if getattr(deferred.b, "origin_ref", None) == ref}
-        now = [f for pos, f in enumerate(free) if pos not in read]
+        read = self.pipeline_input(deferred.b)  # released once its late product is done
+        now = [f for pos, f in enumerate(free) if pos != read]
         if now:
             w.lines[releases] = "    " * w.depth + \
                 f"pl.when({idx}[0] > 0)(lambda: _release({', '.join(now)}))"
-        if read:
-            w.line(f"pl.when({idx}[0] > 0)(lambda: _release({free[min(read)]}))")
+        if read is not None:
+            w.line(f"pl.when({idx}[0] > 0)(lambda: _release({free[read]}))")
         self.notes.append(
             f"stream {self.stream_plan.axis}: {deferred.a.name}·{deferred.b.ref} runs a step "
             f"late, beside the next step's products (intra-warpgroup pipelining): one "
@@ -744,16 +750,12 @@ class _Spelling:
         are released a step late (``delay_release``), by the step itself (its consumed
         barriers: the previous step's chunks once the late product is done)."""
         late = self.deferred is not None
-        for i, line in enumerate(self.w.lines):
-            if "<late>" in line:
-                self.w.lines[i] = line.replace(
-                    "transforms=_transforms", "<keep>").replace(
-                    ")<late>)", "), delay_release=1)" if late else "))").replace(
-                    "True<late>)", "True, manual_consumed_barriers=True)" if late
-                    else "True)").replace("<keep>", "transforms=_transforms")
+        delay, consumed = (", delay_release=1", ", manual_consumed_barriers=True") if late \
+            else ("", "")
+        self.w.lines[:] = [line.replace("<delay>", delay).replace("<consumed>", consumed)
+                           for line in self.w.lines]
         if late:  # a consumed barrier per input and slot, not one for all
-            self.smem["barriers"] += 8 * (len(self.streamed) - 1) * min(self.stages,
-                                                                     self.stream_plan.chunks)
+            self.smem["barriers"] += 8 * (len(self.streamed) - 1) * self.stages_in_flight
 
     def grid_starts(self) -> None:
         """Per grid axis, where this program's tile starts (``self.starts``: axis -> name)."""
@@ -824,7 +826,7 @@ class _Spelling:
             f"jnp.maximum({hi} - {lo}, 1).astype(jnp.int32)" if not isinstance(hi, int) \
             else max(hi - lo, 1)
         self.lo = lo
-        stages = min(self.stages, sp.chunks)
+        stages = self.stages_in_flight = min(self.stages, sp.chunks)
         self.steps, self.slots = steps, min(stages, steps) if isinstance(steps, int) else stages
         specs, windows = [], []
         for i in sorted(self.streamed):
@@ -834,9 +836,9 @@ class _Spelling:
             block = tuple(sp.chunk if a == sp.axis else b for a, b in zip(names, ap.kernel_block))
             index = ", ".join((f"c + {lo}" if lo != 0 else "c") if a == sp.axis else "0"
                               for a in names)
-            # (a step that runs a product late keeps its chunks one step more: <late>)
+            # (a step that runs a product late keeps its chunks one step more: <delay>)
             specs.append(f"plgpu.BlockSpec({block}, lambda c: ({index},), "
-                         f"transforms=_transforms({block}, {dtype_name(ap.dtype)})<late>)")
+                         f"transforms=_transforms({block}, {dtype_name(ap.dtype)})<delay>)")
             self.buffer("staged", stages * self.nbytes(block, ap.dtype))
         w.line("def pipeline(step, consumer):")
         w.line("    return plgpu.emit_pipeline_warp_specialized(")
@@ -844,7 +846,8 @@ class _Spelling:
         w.line(f"        in_specs=[{', '.join(specs)}],")
         w.line(f"        wg_axis='wg', num_compute_wgs={self.split.consumers}, "
                f"max_concurrent_steps={stages}, compute_context=consumer,")
-        w.line("        manual_produced_barriers=True<late>)")  # a barrier per input: K before V
+        w.line("        manual_produced_barriers=True<consumed>)")  # a barrier per input: K
+        # before V
         self.smem["barriers"] += 8 * (len(specs) + 1) * stages  # produced (each), consumed
         return windows
 
@@ -864,8 +867,7 @@ class _Spelling:
             aval = jax.ShapeDtypeStruct(self.consumer_shape(ap), ap.dtype)
             if i in self.streamed:
                 ref = w.reserve(f"{ap.name}_chunk")
-                self.chunk_refs[ref] = (ref, ap)
-                self.chunk_order.append((ref, ap))
+                self.chunk_refs[ref] = (ref, ap)  # (in the pipeline's order of inputs)
                 wires.append(SmemRef(w, ref, aval))
             elif i in self.scalars:
                 at = ", ".join(str(self.starts[a]) for a in ap.type.names)
