@@ -245,6 +245,24 @@ def test_the_pipeline_is_as_deep_as_a_loads_latency_needs():
     assert facts.shared_memory == sum(spec.written.smem.values())
 
 
+def test_the_matmul_is_persistent_at_hoppers_tile_with_three_stages():
+    """The 4096³ bf16 matmul on H200: Mosaic's own tiles are JAX's Hopper matmul's
+    128 × 256 × 64, three stages deep (two hide a load's latency and transfer behind too
+    short a step), written by two consumers over a persistent grid of one program an SM,
+    its shared memory the model's three stages."""
+    r = napkin.optimize("matmul", hardware="h200", dtype="bf16")
+    own = r.backend_tiles("mosaic")
+    assert not own.refused
+    assert own.tiles == {"g_a": 128, "g_c": 256, "s_b": 64}
+    assert own.launch[0]["num_stages"] == 3
+    stage = (128 + 256) * 64 * 2  # one A and one B chunk of bf16
+    assert own.launch[0]["smem_bytes"] == 3 * stage
+    spec = r.kernel("mosaic").plan(*r.input_shapes())
+    assert spec.written.launch["num_stages"] == 3
+    assert any(n.startswith("persistent: 132 programs") for n in spec.written.notes)
+    assert spec.written.smem["staged"] == 3 * stage
+
+
 def test_napkin_run_writes_mosaic_at_its_own_tiles(capsys):
     """`napkin run --backend mosaic` on multi-head attention at d = 64: the search's (Triton's)
     32-key chunks would be refused; the run shows and writes Mosaic's own (shrunk to the
