@@ -475,10 +475,8 @@ class _Spelling:
         for var, ob in zip(state, spec.init.cod.inside):
             w.rename(var, ob.name)
         n_state = len(state)
-        # (not with three consumers over a dynamic number of steps — tile skipping: that
-        # pipeline hangs in interpret mode with the late product, cause not found yet)
         defer = deferred_product(spec.update, n_state) if self.defer and self.slots >= 2 \
-            and (self.split.consumers < 3 or isinstance(self.steps, int)) else None
+            else None
         carried = [a for a in fixed if not isinstance(a, SmemRef)]
         fn, idx = w.fresh(f"{ax}_chunk"), w.fresh("idx")
         chunk_names = [self.chunk_refs[args[i].ref] for i in streamed]
