@@ -475,6 +475,59 @@ def test_fp8_queries_and_keys_with_bf16_values():
         assert np.max(np.abs(got - want)) <= 2e-2 * np.max(np.abs(want))
 
 
+def _fp8_attention(v_axes):
+    q, x, d = napkin.axes("q x d")
+    axes = {"x": x, "d": d}
+
+    @napkin.algorithm(Q=napkin.Array(q, d, dtype="fp8"), K=napkin.Array(x, d, dtype="fp8"),
+                      V=napkin.Array(*(axes[a] for a in v_axes), dtype="fp8"))
+    def attention_fp8(Q, K, V):
+        from napkin import ops
+        S = ops.scale(ops.contract(Q, K, out=(q, x)), 1 / np.sqrt(64))
+        return ops.cast(ops.contract(ops.softmax(S, x), V, out=(q, d)), "bf16")
+    return attention_fp8
+
+
+def test_fp8_values_run_p_v_as_an_fp8_wgmma_a_step_late():
+    """FA3's FP8 configuration, declared on the diagram: Q, K and V in e4m3, V stored (d, x)
+    (K-major: an FP8 wgmma takes no transposed operand), the output cast to bf16.  Both
+    products are e4m3 wgmmas; P, rounded to e4m3, reaches P·V through a buffer of the
+    consumer's in shared memory (no register layout of Mosaic's takes an accumulator's
+    values to the 8-bit A operand's), counted in the shared memory; P·V still runs a step
+    late.  Two consumers taking turns agree with float64 in interpret mode at 5 key chunks;
+    one exports too.  V stored (x, d) is refused in one line that says how to declare it."""
+    sizes = {"q": 256, "x": 320, "d": 64}
+    shapes = [(256, 64), (320, 64), (64, 320)]
+    r = napkin.optimize(_fp8_attention("dx"), hardware="h200", sizes=sizes, dtype=None)
+    for g_q in (64, 128):
+        k = lower(r.program, {**r.tiles, "g_q": g_q, "s_x": 64}, backend="mosaic",
+                  schedule=r.schedule)
+        spec = k.plan(*shapes)
+        assert spec.written.deferred
+        consumers = spec.launch["consumer_warpgroups"]
+        assert spec.written.smem["operand staging"] == consumers * 64 * 64  # P, e4m3
+        facts = facts_of(k, shapes)
+        assert set(facts.wgmma_kinds) == {"m64n64k32.f32.e4m3.e4m3"}, facts.wgmma_kinds
+        assert facts.shared_memory == sum(spec.written.smem.values())
+        assert 1 in facts.wait_groups  # P·V in flight beside the next step's softmax
+    if mg.interpret_supported():
+        import jax.numpy as jnp
+        rng = np.random.default_rng(8)
+        xs = [jnp.asarray(rng.standard_normal(s), jnp.float8_e4m3fn) for s in shapes]
+        stored = [np.asarray(v.astype(jnp.float32), np.float64) for v in xs]
+        want = get("attention").reference(stored[0], stored[1], stored[2].T)
+        got = np.asarray(k(*xs, interpret=True), np.float64)
+        # (P rounded to e4m3: up to 6 % each; the bf16 P·V of the same inputs is ~0.3 %)
+        assert np.max(np.abs(got - want)) <= 5e-2 * np.max(np.abs(want))
+    wrong = napkin.optimize(_fp8_attention("xd"), hardware="h200", sizes=sizes, dtype=None)
+    k = lower(wrong.program, {**wrong.tiles, "g_q": 128, "s_x": 64}, backend="mosaic",
+              schedule=wrong.schedule)
+    with pytest.raises(NapkinError) as e:
+        k.plan((256, 64), (320, 64), (320, 64))
+    msg = str(e.value)
+    assert "\n" not in msg and "V is stored (x, d)" in msg and "(d, x)" in msg, msg
+
+
 # what Mosaic writes at the optimiser's program and its own tiles (README's coverage table)
 WRITTEN = {"attention", "mha", "causal_attention", "sliding_window_attention",
            "softcap_attention", "alibi_attention", "sink_attention", "matmul", "batched_matmul",

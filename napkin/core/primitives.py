@@ -244,6 +244,8 @@ class Contract(Spec):
                 letters.setdefault(n, chr(ord("a") + len(letters)))
         spec = ",".join("".join(letters[n] for n in t.names) for t in ins)
         spec += "->" + "".join(letters[n] for n in self.out)
+        if hasattr(ctx.xp, "axis_names"):  # a kernel writer: its refusals name the axes
+            ctx.xp.axis_names = {c: n for n, c in letters.items()}
         return (ctx.xp.einsum(spec, *xs),)
 
     def vjp(self, ad, ins, outs, xs, y, ct):

@@ -339,6 +339,8 @@ class Recorder:
         self.w = writer
         self.f32_precision = f32_precision
         self.dot_min = 1 if dot_min is None else dot_min  # the backend's smallest dot
+        # the axis each einsum letter stands for, where the box knows (its errors name them)
+        self.axis_names: dict = {}
         for fn, tpl in _UNARY.items():
             setattr(self, fn, self._unary(tpl))
         for fn, tpl in _BINARY.items():

@@ -125,6 +125,10 @@ class MosaicRecorder(Recorder):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        # shared-memory buffers a first operand computed in FP8 is stored to for its wgmma
+        # (no register layout of Mosaic's takes an accumulator's values to the 8-bit A
+        # operand's): name -> (shape, dtype), one (M, K) buffer per consumer (``.at[wg]``)
+        self.staging: dict = {}
         plain = self.add
 
         def add(a, b):
@@ -194,10 +198,11 @@ class MosaicRecorder(Recorder):
         if dt not in LOW_PRECISION:
             raise NapkinError(f"a {np.dtype(dt).name} matrix product: wgmma runs bf16 / f16 / "
                               f"FP8 e4m3 here")
-        if dt == FP8 and not (isinstance(a, SmemRef) and isinstance(b, SmemRef)
-                              and a.dtype == b.dtype == FP8):
-            raise NapkinError(f"contraction {la},{lb}->{out}: an FP8 wgmma takes both operands "
-                              f"FP8 from shared memory")
+        if dt == FP8 and not (isinstance(b, SmemRef) and b.dtype == FP8 and
+                              (not isinstance(a, SmemRef) or a.dtype == FP8)):
+            raise NapkinError(f"contraction {la},{lb}->{out}: an FP8 wgmma takes its second "
+                              f"operand FP8 from shared memory, its first FP8 from shared "
+                              f"memory or computed (P·V: declare V fp8)")
         if batch or len(la) != 2 or len(lb) != 2 or len(fa) != 1 or len(fb) != 1:
             raise NapkinError(f"contraction {la},{lb}->{out}: wgmma takes one 2-D product "
                               f"(no batch axes)")
@@ -206,6 +211,16 @@ class MosaicRecorder(Recorder):
 
         def operand(x, order, want, which):
             if isinstance(x, SmemRef):
+                # an 8-bit wgmma reads both operands K-major: A stored (M, K), B (N, K)
+                if dt == FP8 and (order == want) != (which == "A"):
+                    name = x.ref.removesuffix("_chunk").removesuffix("_wg")
+                    axis = lambda c: self.axis_names.get(c, c)  # noqa: E731
+                    stored = "(" + ", ".join(map(axis, order)) + ")"
+                    raise NapkinError(
+                        f"contraction {la},{lb}->{out}: {name} is stored {stored}, its "
+                        f"{axis(order[-1])} axis minor; an FP8 wgmma reads {which} K-major: "
+                        f"declare {name} with the contracted axis {axis(contracted[0])} "
+                        f"last, ({', '.join(map(axis, order[::-1]))})")
                 return x.ref if order == want else f"{x.ref}.T"
             if which == "B":
                 raise NapkinError(f"contraction {la},{lb}->{out}: its second operand is computed "
@@ -216,18 +231,32 @@ class MosaicRecorder(Recorder):
             return x.name
         A = operand(a, la, fa[0] + contracted[0], "A")
         B = operand(b, lb, contracted[0] + fb[0], "B")
+        stage = self.stage(a, (m, sizes[contracted[0]]), dt)
         if self.issuing is not None:
-            return self.issuing.product(self, a, b, A, B, out != fa[0] + fb[0], (m, n))
+            return self.issuing.product(self, a, b, A, B, out != fa[0] + fb[0], (m, n), stage)
         self.w.ready(a, b)
         helper = "_mma" if isinstance(a, SmemRef) else "_mma_registers"
-        turn = self.turn(a)
-        c = self.w.let(f"{helper}({A}, {B}, ({m}, {n}){turn})",
+        keywords = self.turn(a) + (f", stage={stage}" if stage else "")
+        c = self.w.let(f"{helper}({A}, {B}, ({m}, {n}){keywords})",
                        aval=jax.ShapeDtypeStruct((m, n), jnp.float32))
-        c.mma = (A, B, "" if isinstance(a, SmemRef) else "_registers", turn)
+        c.mma = (A, B, "" if isinstance(a, SmemRef) else "_registers", keywords)
         if out != fa[0] + fb[0]:
             c = self.transpose(c, [1, 0])
         c.origin = ("dot",)
         return c
+
+
+    def stage(self, a, shape, dt) -> str | None:
+        """The consumer's staging buffer for a first operand ``a`` computed in FP8 (its
+        spelling), or None where the wgmma reads ``a`` as it is."""
+        if isinstance(a, SmemRef) or dt != FP8:
+            return None
+        key = (tuple(int(v) for v in shape), np.dtype(dt))
+        name = next((n for n, k in self.staging.items() if k == key), None)
+        if name is None:
+            name = self.w.fresh(f"{a.name}_stage")
+            self.staging[name] = key
+        return f"{name}.at[wg]"
 
 
 class NotDeferred(Exception):
@@ -237,11 +266,13 @@ class NotDeferred(Exception):
 
 class DeferredProduct(Var):
     """The product the step holds back: A (in registers, the wgmma dtype) and B (this step's
-    chunk), accumulated into the state at the next step."""
+    chunk; ``b_view``: how the product reads it, as stored or transposed — ".T"; ``stage``:
+    where an FP8 A is stored for it, see MosaicRecorder.stage), accumulated into the state at
+    the next step."""
 
-    def __init__(self, writer, a, b, aval):
+    def __init__(self, writer, a, b, aval, b_view="", stage=None):
         super().__init__(writer, "_deferred", aval, temp=False)
-        self.a, self.b = a, b
+        self.a, self.b, self.b_view, self.stage = a, b, b_view, stage
 
 
 class Issuing:
@@ -253,7 +284,7 @@ class Issuing:
     def __init__(self):
         self.lines, self.accumulators, self.defer_next, self.loads = [], [], False, 0
 
-    def product(self, xp, a, b, A, B, transposed: bool, mn):
+    def product(self, xp, a, b, A, B, transposed: bool, mn, stage=None):
         """The product ``a @ b`` (written ``A``, ``B``: MosaicRecorder._dot's operands)."""
         if transposed:
             raise NotDeferred(f"{A} @ {B}: a transposed product")
@@ -261,8 +292,9 @@ class Issuing:
             self.defer_next = False
             if isinstance(a, SmemRef) or not isinstance(b, SmemRef):
                 raise NotDeferred(f"{A} @ {B}: not A (registers) @ B (shared memory)")
-            return DeferredProduct(xp.w, a, b, jax.ShapeDtypeStruct(mn, jnp.float32))
-        if not (isinstance(a, SmemRef) and isinstance(b, SmemRef)):
+            return DeferredProduct(xp.w, a, b, jax.ShapeDtypeStruct(mn, jnp.float32),
+                                   B.removeprefix(b.ref), stage)
+        if not (isinstance(a, SmemRef) and isinstance(b, SmemRef)) or stage:
             raise NotDeferred(f"{A} @ {B}: a product of a value the step computes")
         xp.w.ready(a, b)
         acc = f"acc_{len(self.accumulators)}"
@@ -300,16 +332,29 @@ def _mma(a, b, shape, before=None, after=None):
     return pl.run_scoped(run, plgpu.ACC(shape, jnp.float32))
 
 
-def _mma_registers(a, b, shape, before=None, after=None):
+def _mma_registers(a, b, shape, before=None, after=None, stage=None):
     """a @ b with ``a`` in registers (WGMMA layout), ``b`` in shared memory; interpret mode's
-    wgmma reads shared memory only, so there it is a plain dot."""
+    wgmma reads shared memory only, so there it is a plain dot.  An FP8 ``a`` is stored to
+    ``stage`` first (see _staged)."""
     if _MODE["interpret"]:
         _turn(before)
         out = lax.dot_general(a, b[...], (((1,), (0,)), ((), ())),
                               preferred_element_type=jnp.float32)
         _turn(after)
         return out
-    return _mma(a, b, shape, before, after)
+    return _mma(_staged(a, stage), b, shape, before, after)
+
+
+def _staged(a, stage):
+    """The first operand as its wgmma reads it: ``a`` in registers, or — where ``stage`` is
+    given (an FP8 ``a``: no register layout of Mosaic's takes an accumulator's values to
+    the 8-bit A operand's) — stored to the consumer's buffer ``stage``, fenced for the
+    tensor cores, and read from there (FA2's way; FA3 permutes registers instead)."""
+    if stage is None:
+        return a
+    stage[...] = a
+    plgpu.commit_smem()
+    return stage
 
 
 def _mma_into(acc, a, b, before=None, after=None):
@@ -325,11 +370,11 @@ def _mma_into(acc, a, b, before=None, after=None):
     return pl.run_state(run)(plgpu.ACC.init(acc))
 
 
-def _mma_into_registers(acc, a, b, before=None, after=None):
+def _mma_into_registers(acc, a, b, before=None, after=None, stage=None):
     """acc + a @ b with ``a`` in registers (see _mma_registers)."""
     if _MODE["interpret"]:
         return acc + _mma_registers(a, b, acc.shape, before, after)
-    return _mma_into(acc, a, b, before, after)
+    return _mma_into(acc, _staged(a, stage), b, before, after)
 
 
 def _issue(acc, a, b):
@@ -346,17 +391,18 @@ def _load(acc, wait_n):
     return plgpu.wgmma_accumulator_load(acc, wait_n=wait_n)
 
 
-def _issue_into(acc, init, a, b, late=True):
-    """Issue acc = init + a @ b (``a`` in registers, WGMMA layout); _load_into waits for it.
-    Interpret mode computes it at once (its wgmma takes no registers, its accumulators no
-    initial value).  Not ``late`` (the first step: nothing to add yet): init."""
+def _issue_into(acc, init, a, b, late=True, stage=None):
+    """Issue acc = init + a @ b (``a`` in registers, WGMMA layout, or stored to ``stage``:
+    see _staged); _load_into waits for it.  Interpret mode computes it at once (its wgmma
+    takes no registers, its accumulators no initial value).  Not ``late`` (the first step:
+    nothing to add yet): init."""
     if not late:
         return init
     if _MODE["interpret"]:
         return init + lax.dot_general(a, b[...], (((1,), (0,)), ((), ())),
                                       preferred_element_type=jnp.float32)
     acc[...] = init
-    plgpu.wgmma(acc, a, b)
+    plgpu.wgmma(acc, _staged(a, stage), b)
     return None
 
 

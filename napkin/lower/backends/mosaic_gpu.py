@@ -356,7 +356,8 @@ class _Spelling:
         # what the kernel allocates in shared memory, bytes by purpose: "staged" is what the
         # schedule counts (tiles loaded once, a chunk per stage); Mosaic aligns every buffer
         # to SMEM_ALIGNMENT and reserves scratch for cross-warp reductions
-        self.smem = {"staged": 0, "epilogue": 0, "alignment": 0, "reduction scratch": 0,
+        self.smem = {"staged": 0, "epilogue": 0, "operand staging": 0, "alignment": 0,
+                     "reduction scratch": 0,
                      "barriers": 0}
         self.turns = None  # the consumers' ping-pong barrier, where the stream's step takes turns
         # the pipeline's stages, buffer slots and steps (pipeline())
@@ -560,9 +561,10 @@ class _Spelling:
         if turns:
             w.line(f"pl.when(wg == 0)(lambda: _turn({self.turns}))")
         if defer:  # the last step's product, late: its chunk is still in its slot
-            b = self.previous_chunk(self.deferred.b, f"lax.rem({self.steps} - 1, {self.slots})")
+            b = self.previous_chunk(self.deferred, f"lax.rem({self.steps} - 1, {self.slots})")
             k = defer.state
-            final[k] = w.let(f"_mma_into_registers({final[k].name}, {last.name}, {b})",
+            stage = f", stage={self.deferred.stage}" if self.deferred.stage else ""
+            final[k] = w.let(f"_mma_into_registers({final[k].name}, {last.name}, {b}{stage})",
                              aval=final[k].aval, name=spec.init.cod.inside[k].name)
         fin = EvalContext(env, ctx.offsets, self.xp)
         return self.run(spec.finalize, fin, final + fixed)
@@ -574,14 +576,17 @@ class _Spelling:
         origin = getattr(b, "origin_ref", None)
         return refs.index(origin) if origin in refs else None
 
-    def previous_chunk(self, b: SmemRef, slot: str) -> str:
-        """The consumer's view of chunk ``b``'s buffer in pipeline slot ``slot`` (the
-        pipeline's allocation, all its slots), or ``b`` itself for a tile loaded once."""
+    def previous_chunk(self, deferred, slot: str) -> str:
+        """The late product's B as it reads it (as stored or transposed), in pipeline slot
+        ``slot`` (the consumer's view of the pipeline's allocation, all its slots), or the
+        tile itself where B is loaded once."""
+        b = deferred.b
         pos = self.pipeline_input(b)
         if pos is None:
-            return b.ref
+            return b.ref + deferred.b_view
         _, ap = self.chunk_refs[b.origin_ref]
-        return self.consumer_view(ap, f"allocs['flat_in_smem_refs'][{pos}].at[{slot}]")
+        return self.consumer_view(ap, f"allocs['flat_in_smem_refs'][{pos}].at[{slot}]") + \
+            deferred.b_view
 
     def deferred_step(self, spec, ctx, wires, defer: Deferral, idx, held, free, turns):
         """The step with its product A·B run a step late (:class:`Deferral`), as FA3 writes
@@ -650,11 +655,12 @@ class _Spelling:
         w.lines[head] = "    " * w.depth + f"def {fn}({', '.join(accs)}, late):"
         w.lines[waits] = "\n".join("    " * w.depth + f"plgpu.barrier_wait({b})"
                                     for b in hoisted)
-        b = self.previous_chunk(deferred.b, f"lax.rem({idx}[0] + {self.slots - 1}, "
+        b = self.previous_chunk(deferred, f"lax.rem({idx}[0] + {self.slots - 1}, "
                                             f"{self.slots})")
         turn = [f"_turn({self.turns})"] if turns else []  # (both branches take both turns)
+        stage = f", stage={deferred.stage}" if deferred.stage else ""
         lines = turn + issuing.lines + [f"{issued} = _issue_into({acc_o}, {state.name}, "
-                                        f"{held}, {b}, late)"] + turn
+                                        f"{held}, {b}, late{stage})"] + turn
         w.lines[issues] = "\n".join("    " * (w.depth + 1) + ln for ln in lines)
         shapes = issuing.accumulators + [state.shape]
         w.line(f"{', '.join(back)}, = _first_or_late({fn}, {idx}[0] == 0, "
@@ -726,6 +732,12 @@ class _Spelling:
         else:
             w.line("consumer()")
         w.dedent()
+        for name, (shape, dtype) in self.xp.staging.items():  # FP8 first operands' buffers
+            shape = (self.split.consumers,) + shape
+            w.lines[scoped] = w.lines[scoped].replace("):", f", {name}):")
+            scratch.append(f"plgpu.SMEM({shape}, {dtype_name(dtype)}, "
+                           f"transforms=_transforms({shape[1:]}, {dtype_name(dtype)}))")
+            self.buffer("operand staging", self.nbytes(shape, dtype))
         if self.turns:  # the step asked for turns: their barrier, one arrival per consumer
             w.lines[scoped] = w.lines[scoped].replace("):", f", {self.turns}):")
             scratch.append(f"plgpu.Barrier(num_arrivals={self.split.consumers})")
