@@ -92,7 +92,7 @@ def test_spills_are_priced():
     assert big["registers_per_thread"] == 256 and big["spilled_bytes"] == 128 * 4 * 256
     # out and back every step of every block, at the HBM rate; 256 blocks in 2 waves
     spill = 2 * 256 * big["spilled_bytes"] * 64 / 3.35e12
-    assert big["waves"] == 2 and spill > g._times[0].max(axis=0)[0]
+    assert big["waves"] == 2 and spill > g.roofline_time[0]
     assert math.isclose(g.time[0], 3e-6 + spill / (256 / 264), rel_tol=1e-9)
     # chosen only where nothing fits the budget: here 128 x 256 does
     t = optimize_tiles(g.c, sizes=sizes)
@@ -108,7 +108,7 @@ def test_waves_and_launch_cost_price_a_small_grid():
     g = Grid(c, dict(a=512, b=4096, c=512, g_a=128, g_c=128, s_b=64))
     (k,) = g.launches.at(0)
     assert k["blocks"] == 16 and k["waves"] == 1
-    roof = g._times[0].max(axis=0)[0]
+    roof = g.roofline_time[0]
     assert math.isclose(g.time[0], hw.launch_s + roof * 132 / 16, rel_tol=1e-9)
 
 
@@ -290,7 +290,11 @@ def test_a_profile_without_a_launch_model_prices_the_roofline():
     hw = dataclasses.replace(H100, register_budget=None, name="roofline only")
     c = cost(program("matmul", MATMUL), hw, "bf16")
     g = Grid(c, dict(a=4096, b=4096, c=4096))
-    assert g.launches is None and np.array_equal(g.time, g._times[0].max(axis=0))
+    assert g.launches is None and np.array_equal(g.time, g.roofline_time)
+    for i in (0, g.n // 2, g.n - 1):  # the slowest term, worked out at the point alone
+        roof = g.roofline(i)
+        assert g.time[i] == pytest.approx(max(roof.values()), rel=1e-12)
+        assert g.bound_by(i) == max(roof, key=roof.get)
     assert optimize_tiles(c, sizes=dict(a=4096, b=4096, c=4096)).launch == []
 
 

@@ -145,8 +145,8 @@ class Grid:
     def memsum(self) -> np.ndarray:
         return sum(self.mem.values())
 
-    WHOLE = ("nested_ok", "mem", "memsum", "_times", "steps", "flat", "transfer_time", "time",
-             "Hv", "Hb", "launches")
+    WHOLE = ("nested_ok", "mem", "memsum", "steps", "flat", "transfer_time", "roofline_time",
+             "time", "Hv", "Hb", "launches")
 
     def slim(self) -> None:
         """Drop the arrays over the whole grid (a large program's grid holds millions of
@@ -158,15 +158,13 @@ class Grid:
     # Times and traffic are worked out on first use: a search that finds no tiling
     # fitting in memory needs only the memory.
     @functools.cached_property
-    def _times(self):
+    def _rooflines(self) -> list:
+        """(label, seconds as an expression of the tiles, divisor) per roofline term: each
+        level's bytes over its bandwidth, then each unit's compute."""
         c, hw = self.c, self.c.hardware
-        tb = c.transfers_bytes
-        times = [self.ev(tb[lv]) / hw.level(lv).bandwidth_bytes_per_s for lv in c.levels[1:]]
-        labels = list(c.levels[1:])
-        for unit, e in c.compute_times().items():
-            times.append(self.ev(e))
-            labels.append(f"compute:{unit}")
-        return np.stack(times), labels
+        return ([(lv, c.transfers_bytes[lv], hw.level(lv).bandwidth_bytes_per_s)
+                 for lv in c.levels[1:]]
+                + [(f"compute:{unit}", e, 1.0) for unit, e in c.compute_times().items()])
 
     @functools.cached_property
     def steps(self) -> np.ndarray:
@@ -187,11 +185,12 @@ class Grid:
 
     @property
     def labels(self) -> list:
-        return self._times[1]
+        return [label for label, _, _ in self._rooflines]
 
     @functools.cached_property
     def transfer_time(self) -> np.ndarray:
-        return self._times[0][:len(self.c.levels) - 1].sum(axis=0)
+        return sum((self.ev(e) / bw for _, e, bw in self._rooflines[:len(self.c.levels) - 1]),
+                   np.zeros(()))
 
     @functools.cached_property
     def launches(self):
@@ -206,15 +205,23 @@ class Grid:
         kernel's blocks, waves and steps), else the roofline."""
         if self.launches is not None:
             return self.launches.time
-        return self._times[0].max(axis=0)
+        return self.roofline_time
+
+    @functools.cached_property
+    def roofline_time(self) -> np.ndarray:
+        """The roofline's seconds at every point: its slowest level or unit."""
+        return functools.reduce(np.maximum, (self.ev(e) / bw for _, e, bw in self._rooflines))
 
     def roofline(self, i: int) -> dict:
-        """Point ``i``'s roofline: {a level's name or ``compute:<unit>``: seconds}."""
-        return dict(zip(self.labels, map(float, self._times[0][:, i])))
+        """Point ``i``'s roofline: {a level's name or ``compute:<unit>``: seconds}, worked
+        out at that point alone (not over a grid of millions for one point's figures)."""
+        env = {**self.sizes, **self.values(i)}
+        return {label: value_at(e, env) / bw for label, e, bw in self._rooflines}
 
     def bound_by(self, i: int) -> str:
         """What bounds point ``i``'s roofline: a level's transfers or a unit's compute."""
-        return self.labels[int(self._times[0][:, i].argmax())]
+        roof = self.roofline(i)
+        return max(roof, key=roof.get)
 
     @functools.cached_property
     def Hv(self) -> np.ndarray:

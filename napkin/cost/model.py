@@ -335,7 +335,11 @@ def combined(parts, shape: tuple, op=np.add, start=0.0) -> np.ndarray:
             kept.append(np.array(at))
         else:
             op(kept[into], at, out=kept[into])
-    out = np.full(shape, start, dtype=np.result_type(start, *kept))
-    for at in kept:
+    out = np.empty(shape, dtype=np.result_type(start, *kept))
+    if not kept:
+        out.fill(start)
+        return out
+    op(start, kept[0], out=out)  # (the largest part spread as the output is filled)
+    for at in kept[1:]:
         op(out, at, out=out)
     return out
