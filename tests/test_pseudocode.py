@@ -169,3 +169,29 @@ def test_accepts_search_tiles():
     text = pseudocode(r.best.program, "h100", {"a": 1024, "b": 1024, "c": 1024}, r.best.tiles)
     for k, v in r.best.tiles.values.items():
         assert f"{k}={v}" in text.splitlines()[0]
+
+
+def test_a_stream_states_what_of_its_step_may_run_during_the_next():
+    """The schedule states a stream's overlap, read off its step's dataflow: attention's
+    o = E(o) + p·V (p computed without reading o, V a chunk) lets p·V run a step late; the
+    searched matmul's product reads two loaded chunks (nothing in its step to run beside),
+    and a step whose state another output reads (logsumexp's μ, read by z's update) states
+    none.  The pseudocode prints the statement under the stream's loop."""
+    import napkin
+    from napkin.schedule.nest import Loop
+
+    def streams(name):
+        r = napkin.optimize(name, hardware="h100", dtype="bf16")
+        s = expand(r.program, r.hardware, r.dtype)
+        found = [it for it, _ in s.root.walk() if isinstance(it, Loop) and it.kind == "stream"]
+        assert found, name
+        return r, found
+    r, (attention,) = streams("attention")
+    assert attention.overlap.startswith("p·V may run a step late") and "read o" in \
+        attention.overlap
+    text = pseudocode(r.program, r.hardware, r.sizes, r.tiles, r.dtype)
+    assert f"# overlap: {attention.overlap}" in text
+    _, matmul = streams("matmul")
+    assert all(lp.overlap == "" for lp in matmul)
+    _, lse = streams("logsumexp")
+    assert all(lp.overlap == "" for lp in lse)

@@ -27,6 +27,7 @@ from napkin.core.primitives import (FLOATING, matmul_axes, merge_axes,
 from napkin.schedule.nest import (
     ONE, ZERO, Assign, Buffer, ContractionRecord, Loop, Move, Schedule, Step, TileInfo, nonneg,
 )
+from napkin.schedule.overlap import stated
 
 _EXTRA_BYTES = {"int32": 4, "bool": 1}
 _SUFFIX = {"smem": "_blk", "registers": "_reg", "l2": "_l2"}
@@ -633,6 +634,7 @@ class _Builder:
             self.close(init)
             up = self.open(Loop("stream", self.names[L], axis, spec.chunk, full, N, False,
                                 f"stream {axis} [{spec.rule}], sequential"))
+            up.overlap = stated(spec.update, n_state)
             refs = list(state)
             for j, v in enumerate(node["ins"]):
                 if j in chunked:

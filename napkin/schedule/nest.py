@@ -189,6 +189,9 @@ class Loop:
     chunk: tuple = (ZERO, ZERO)
     staged: tuple = (ZERO, ZERO)   # of the chunk, what contractions read
     scratch: sympy.Expr = ZERO     # bytes of shared memory a chunk's layout conversion takes
+    # a stream's overlap: which of its step's work may run during the next step, in words
+    # ("" where none: napkin.schedule.overlap)
+    overlap: str = ""
     init: Loop | None = None
     finalize: Loop | None = None
 

@@ -448,6 +448,8 @@ class _Listing:
         io = self.io_text(lp)
         if io:
             self.line(depth + 1, f"# {per}: {io}")
+        if lp.overlap:
+            self.line(depth + 1, f"# overlap: {lp.overlap}")
         if lp.kind == "kernel" or (lp.kind == "group" and not lp.merge_only and lp.at > outer):
             pk = self.peak_text(lp)
             if pk:

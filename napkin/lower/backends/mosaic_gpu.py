@@ -60,7 +60,6 @@ from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
-import networkx as nx
 import numpy as np
 import sympy
 
@@ -70,11 +69,12 @@ from napkin.lower.backends import VARYING, Written, forward_params, load_module,
 from napkin.lower.backends.mosaic_emit import (HELPERS, DeferredProduct, Issuing, MosaicRecorder,
                                                MosaicWriter, NotDeferred, SmemRef)
 from napkin.lower.emit import LOW_PRECISION, Var, dtype_name
-from napkin.core.ir import to_graph, view
+from napkin.core.ir import to_graph
 from napkin.lower.plan import BlockRules, KernelPlan, loop_boxes, tile_indices
 from napkin.core.primitives import EvalContext, matmul_sides
 from napkin.core.semantics import fold_boxes
 from napkin.frontend.weave import unweavable, unweave
+from napkin.schedule.overlap import Deferral, deferred_product
 
 SMEM_LIMIT = 232448         # bytes of shared memory a Hopper block may use (227 KiB)
 EPILOGUE_BYTES = 16384      # an output block per consumer above this is stored in slices
@@ -275,52 +275,6 @@ class _Later:
     """A value of a deferred step's second phase, before it is written (box place, port)."""
     at: int
     port: int
-
-
-@dataclass(frozen=True)
-class Deferral:
-    """A stream's step whose product P·V may run a step late (FlashAttention-3's
-    intra-warpgroup pipelining): state ``state``'s update is ``E(state) + A·B`` — ``A``
-    computed in the step without reading that state, ``B`` a chunk — and nothing else the
-    step computes reads that state.  Then the step may carry Õ = E(state) and A instead:
-    step j issues its own products and A_{j-1}·B_{j-1} together, works on its products'
-    results while the latter runs, and completes state_{j-1} = Õ_{j-1} + A_{j-1}·B_{j-1}
-    only where E reads it; after the last step, state = Õ + A·B.  The same sums in the
-    same order, one step later.  ``product`` and ``add`` are the boxes' places among the
-    step's boxes (the ones ``fold_boxes`` applies), ``later`` those that read the state."""
-    state: int
-    product: int
-    add: int
-    later: frozenset
-
-
-def deferred_product(update, n_state: int) -> Deferral | None:
-    """The :class:`Deferral` a stream's step allows (None where none): read off the
-    step's dataflow, not a template.  One of its operands is computed in the step (A),
-    the other is one of the step's inputs (B): a product of two loaded operands (a
-    matmul's) has nothing in its step to run beside."""
-    g = view(update)
-    ins, outs = g.graph["inputs"], g.graph["outputs"]
-    ops = sorted(n for n in g if g.nodes[n]["kind"] == "op")  # (in the order of its boxes)
-    place = {n: i for i, n in enumerate(ops)}
-    for k in range(n_state):
-        later = nx.descendants(g, ins[k])
-        if any(v in later or v == ins[k] for i, v in enumerate(outs) if i != k):
-            continue  # another output reads the state
-        for n in ops:
-            node = g.nodes[n]
-            if matmul_sides(node["box"]) is None or n in later or \
-                    g.out_degree(node["outs"][0]) != 1:
-                continue
-            (z,) = g.successors(node["outs"][0])
-            spec = g.nodes[z]["box"].spec
-            out = g.nodes[z]["outs"][0]
-            if getattr(spec, "kind", None) == "zip" and spec.fn == "add" and z in later and \
-                    outs.count(out) == 1 and outs.index(out) == k and g.out_degree(out) == 0 \
-                    and sorted(v in ins[n_state:] for v in node["ins"]) == [False, True]:
-                return Deferral(k, place[n], place[z],
-                                frozenset(place[m] for m in ops if m in later))
-    return None
 
 
 # ------------------------------------------------------------------ the spelling
