@@ -263,6 +263,38 @@ def test_the_matmul_is_persistent_at_hoppers_tile_with_three_stages():
     assert spec.written.smem["staged"] == 3 * stage
 
 
+def test_the_launch_model_prices_the_overlap_the_schedule_states():
+    """Mosaic's block is alone on its SM: one consumer runs its tensor cores beside the
+    softmax only where the schedule says P·V may run a step late (attention's stream does);
+    without that statement it waits for its products, then works on them — the tensor
+    cores' time plus the rest's.  Two consumers taking turns overlap either way; Triton's
+    blocks (several an SM) always do."""
+    import dataclasses as dc
+    from napkin.cost.launch import Launches
+    from napkin.cost.model import compute_times, fold, value_at
+    r = napkin.optimize("attention", hardware="h100", sizes={"d": 128}, dtype="bf16")
+    hw = mg.profile(r.hardware)
+    c = cost(r.program, hw, r.dtype)
+    (k,) = c.kernels
+    assert k.overlapped  # (the schedule's statement, read off o = E(o) + p·V)
+
+    def priced(kernel, g_q, c=c):
+        env = {**r.sizes, "g_q": g_q, "s_x": 128}
+        ev = lambda e: np.array([value_at(e, env)], dtype=float)  # noqa: E731
+        return Launches._kernel(kernel, c, ev, 1)
+    units = {u: value_at(t, {**r.sizes, "g_q": 64, "s_x": 128})
+             for u, t in compute_times(fold(k.loop).flops, hw).items()}
+    assert units["tensor"] > 0 and max(units["vector"], units["sfu"]) > 0
+    late, waiting = priced(k, 64), priced(dc.replace(k, overlapped=False), 64)
+    assert late.warps[0] == 4 and waiting.time[0] > late.time[0]  # one consumer
+    two, two_waiting = priced(k, 128), priced(dc.replace(k, overlapped=False), 128)
+    assert two.warps[0] == 8 and two_waiting.time[0] == two.time[0]  # turns
+    tc = cost(r.program, r.hardware, r.dtype)
+    (tk,) = tc.kernels
+    assert priced(dc.replace(tk, overlapped=False), 64, tc).time[0] == \
+        priced(tk, 64, tc).time[0]
+
+
 def test_napkin_run_writes_mosaic_at_its_own_tiles(capsys):
     """`napkin run --backend mosaic` on multi-head attention at d = 64: the search's (Triton's)
     32-key chunks would be refused; the run shows and writes Mosaic's own (shrunk to the

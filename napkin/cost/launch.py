@@ -25,8 +25,12 @@ of a :class:`napkin.cost.grid.Grid`, for a profile whose ``register_budget`` is 
 * **time** — per kernel: ``launch_s`` + max(roofline ÷ useful fraction, waves × (a load's
   ``memory_latency_s`` + a block's sequential steps × ``step_s``)); with a single stage, loads
   and compute do not overlap (their sum, not their max).  A program's time is its kernels'
-  sum.  A warp-specialised block, alone on its SM, has only its own pipeline to hide a
-  load's latency: its stages are the fewest (2 up to ``pipeline_stages``, as many as fit)
+  sum.  The compute is the busiest unit's (tensor cores, vector ALUs, SFU) where they run
+  at once — several blocks an SM, two consumers taking turns, or a stream whose step the
+  schedule says may run its product a step late (``Loop.overlap``) — and a warp-specialised
+  block's single consumer otherwise waits for its products: tensor cores, then the rest.
+  A warp-specialised block, alone on its SM, has only its own pipeline to hide a load's
+  latency: its stages are the fewest (2 up to ``pipeline_stages``, as many as fit)
   whose buffers, each held for a load's latency, its transfer and its step, keep a step
   running every step (:func:`_depth`), and what they leave uncovered stalls every step.
 """
@@ -238,8 +242,18 @@ class Launches:
         # spilled registers: out and back every step, priced at the HBM rate (local
         # memory is backed by it, and a spilling kernel waits on every round trip)
         parts.append(2 * ctas * spilled * steps / hw.memory_bandwidth)
-        compute = blocks * np.max(np.stack([np.broadcast_to(ev(t), (n,)) for t in
-                                            compute_times(totals.flops, hw).values()]), axis=0)
+        units = {u: np.broadcast_to(ev(t), (n,))
+                 for u, t in compute_times(totals.flops, hw).items()}
+        tensor, other = units["tensor"], np.maximum(units["vector"], units["sfu"])
+        if hw.producer_warps:
+            # a warp-specialised block is alone on its SM: a consumer's tensor cores run
+            # beside its other work only where the schedule says the step's product may run
+            # a step late (Loop.overlap), or where two consumers take turns; else each
+            # consumer waits for its products, then works on them
+            concurrent = k.overlapped | (warps >= 2 * hw.warpgroup_threads // THREADS_PER_WARP)
+            compute = blocks * np.where(concurrent, np.maximum(tensor, other), tensor + other)
+        else:  # several blocks an SM, or Triton's own pipelining: the units overlap
+            compute = blocks * np.maximum(tensor, other)
         moved = sum(parts, np.zeros(n))
         overlap = np.maximum(np.max(np.stack(parts), axis=0) if parts else 0.0, compute)
         roof = np.where((stages >= 2) | (k.streams == 0) | (steps == 1), overlap, moved + compute)

@@ -51,6 +51,9 @@ class KernelResources:
     registers: tuple
     streams: int
     rows: sympy.Expr | None    # the fewest rows (M) of its matrix products; None: it has none
+    # whether a stream's step may run part of its work during the next (Loop.overlap: its
+    # product a step late, beside the next step's softmax)
+    overlapped: bool = False
 
     # ``ev``: an expression's value (a number, or numpy arrays over a grid of tile points)
     def smem_bytes(self, ev, stages=1):
@@ -108,7 +111,7 @@ def _resources(k: Loop, launches, stages: int, levels: list, block: int) -> Kern
                                                    _in_block(k.peaks("staged"), block)])),
         stage=sympy.expand(stage),
         registers=tuple(prune(_in_block(k.peaks("held"), block, values=True))),
-        streams=len(streams), rows=_rows(k))
+        streams=len(streams), rows=_rows(k), overlapped=any(s.overlap for s in streams))
 
 
 def _rows(k: Loop):
