@@ -145,7 +145,7 @@ class Grid:
     def memsum(self) -> np.ndarray:
         return sum(self.mem.values())
 
-    WHOLE = ("nested_ok", "mem", "memsum", "steps", "flat", "transfer_time", "roofline_time",
+    WHOLE = ("nested_ok", "mem", "memsum", "_steps", "flat", "transfer_time", "roofline_time",
              "time", "Hv", "Hb", "launches")
 
     def slim(self) -> None:
@@ -167,15 +167,24 @@ class Grid:
                 + [(f"compute:{unit}", e, 1.0) for unit, e in c.compute_times().items()])
 
     @functools.cached_property
-    def steps(self) -> np.ndarray:
-        """Tile steps of the program (the product over tiles of its extent ÷ the tile): of
-        points the roofline prices alike, the one with fewer, larger steps wins (each step
-        has overheads the roofline does not price)."""
-        out = np.ones(())  # (on the tiles' own dimensions, broadcast once at the end)
+    def _steps(self) -> np.ndarray:
+        """Tile steps of the program (the product over tiles of its extent ÷ the tile), on
+        the tiles' own dimensions (broadcastable to the grid's shape)."""
+        out = np.ones(())
         for t in self.free:
             out = out * evaluate_on(self.c.tiles[t].full, self.sizes, self.axis_of,
                                     None) / self.axis_of[t]
-        return np.broadcast_to(out, self.shape).reshape(-1)
+        return out
+
+    def steps(self, points: np.ndarray) -> np.ndarray:
+        """The tile steps at ``points`` (flat indices): of points the roofline prices alike,
+        the one with fewer, larger steps wins (each step has overheads the roofline does not
+        price).  Read where asked, not spread over a grid of millions."""
+        points = np.asarray(points, dtype=np.intp)
+        whole = np.broadcast_to(self._steps, self.shape)
+        if not self.shape:
+            return np.full(points.shape, float(whole))
+        return whole[np.unravel_index(points, self.shape)]
 
     @functools.cached_property
     def flat(self) -> list:
@@ -289,7 +298,7 @@ class Grid:
         pr = rank(prim[pick], TIED if objective == "time" else 1e-9)
         spilled = (self.launches.spilled[pick] if objective == "time" and
                    self.launches is not None else np.zeros(len(pick)))
-        order = np.lexsort((self.memsum[pick], self.steps[pick], rank(sec[pick]), spilled, pr))
+        order = np.lexsort((self.memsum[pick], self.steps(pick), rank(sec[pick]), spilled, pr))
         return pick[order], True
 
     def summary(self, i: int, memory: bool = True) -> dict:
