@@ -34,11 +34,19 @@ class Deferral:
     results while the latter runs, and completes state_{j-1} = Õ_{j-1} + A_{j-1}·B_{j-1}
     only where E reads it; after the last step, state = Õ + A·B.  The same sums in the
     same order, one step later.  ``product`` and ``add`` are the boxes' places among the
-    step's boxes (the ones ``fold_boxes`` applies), ``later`` those that read the state."""
+    step's boxes (the ones ``fold_boxes`` applies), ``later`` those that read the state;
+    ``names``: A's, B's and the state's (for the schedule's words)."""
     state: int
     product: int
     add: int
     later: frozenset
+    names: tuple = ("A", "B", "state")
+
+    def words(self) -> str:
+        """The overlap in words: which product runs a step late, beside what."""
+        a, b, state = self.names
+        return (f"{a}·{b} may run a step late, beside the next step's products and the work "
+                f"that does not read {state}")
 
 
 def deferred_product(update, n_state: int) -> Deferral | None:
@@ -65,20 +73,11 @@ def deferred_product(update, n_state: int) -> Deferral | None:
             if getattr(spec, "kind", None) == "zip" and spec.fn == "add" and z in later and \
                     outs.count(out) == 1 and outs.index(out) == k and g.out_degree(out) == 0 \
                     and sorted(v in ins[n_state:] for v in node["ins"]) == [False, True]:
+                names = tuple(g.nodes[v]["ob"].name for v in node["ins"]) + \
+                    (update.dom.inside[k].name,)
                 return Deferral(k, place[n], place[z],
-                                frozenset(place[m] for m in ops if m in later))
+                                frozenset(place[m] for m in ops if m in later), names)
     return None
-
-
-def describe(update, d: Deferral, n_state: int) -> str:
-    """The overlap ``d`` in words: which product runs a step late, beside what."""
-    g = view(update)
-    ops = sorted(n for n in g if g.nodes[n]["kind"] == "op")
-    node = g.nodes[ops[d.product]]
-    a, b = (g.nodes[v]["ob"].name for v in node["ins"])
-    state = update.dom.inside[d.state].name
-    return (f"{a}·{b} may run a step late, beside the next step's products and the work "
-            f"that does not read {state}")
 
 
 _STATED = IdentityMemo(20000)
@@ -90,5 +89,5 @@ def stated(update, n_state: int) -> str:
     stream in state after state)."""
     def make():
         d = deferred_product(update, n_state)
-        return describe(update, d, n_state) if d is not None else ""
+        return d.words() if d is not None else ""
     return _STATED.get((update,), make, n_state)

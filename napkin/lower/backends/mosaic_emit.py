@@ -274,6 +274,11 @@ class DeferredProduct(Var):
         super().__init__(writer, "_deferred", aval, temp=False)
         self.a, self.b, self.b_view, self.stage = a, b, b_view, stage
 
+    @property
+    def keywords(self) -> str:
+        """The stage keyword of the late product's helper call ("" where A is read as held)."""
+        return f", stage={self.stage}" if self.stage else ""
+
 
 class Issuing:
     """A step's products, issued before any of them is waited for: each of two operands in

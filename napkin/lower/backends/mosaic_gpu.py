@@ -517,8 +517,8 @@ class _Spelling:
         if defer:  # the last step's product, late: its chunk is still in its slot
             b = self.previous_chunk(self.deferred, f"lax.rem({self.steps} - 1, {self.slots})")
             k = defer.state
-            stage = f", stage={self.deferred.stage}" if self.deferred.stage else ""
-            final[k] = w.let(f"_mma_into_registers({final[k].name}, {last.name}, {b}{stage})",
+            final[k] = w.let(f"_mma_into_registers({final[k].name}, {last.name}, {b}"
+                             f"{self.deferred.keywords})",
                              aval=final[k].aval, name=spec.init.cod.inside[k].name)
         fin = EvalContext(env, ctx.offsets, self.xp)
         return self.run(spec.finalize, fin, final + fixed)
@@ -612,9 +612,8 @@ class _Spelling:
         b = self.previous_chunk(deferred, f"lax.rem({idx}[0] + {self.slots - 1}, "
                                             f"{self.slots})")
         turn = [f"_turn({self.turns})"] if turns else []  # (both branches take both turns)
-        stage = f", stage={deferred.stage}" if deferred.stage else ""
         lines = turn + issuing.lines + [f"{issued} = _issue_into({acc_o}, {state.name}, "
-                                        f"{held}, {b}, late{stage})"] + turn
+                                        f"{held}, {b}, late{deferred.keywords})"] + turn
         w.lines[issues] = "\n".join("    " * (w.depth + 1) + ln for ln in lines)
         shapes = issuing.accumulators + [state.shape]
         w.line(f"{', '.join(back)}, = _first_or_late({fn}, {idx}[0] == 0, "
