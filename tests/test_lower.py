@@ -621,6 +621,36 @@ def test_gqas_backward_kernels_load_merged_rows_as_rows_and_do_not_spill():
     assert rows >= 1  # the dK, dV stream's chunks, loaded as rows
 
 
+def test_a_product_accumulated_from_a_transposed_tile_is_carried_transposed():
+    """dV += Pᵀ·dO, dK += dSᵀ·Q: the row operand is computed in the step and read
+    transposed.  Triton transposed it in registers and, at 2 stages, held it over the step
+    boundary: softcap's dK, dV spilled 52 B at 255 registers (g_x = 64, s_q = 128, 8 warps;
+    MQA's 16 B, ALiBi's 12 B).  The writer carries such a state transposed (state_layout):
+    the loaded operand gives the rows, the computed one is staged in shared memory as it
+    lies, one transpose after the loop — no spill.  The forward's O += P·V (P read as it
+    lies) keeps its layout."""
+    pytest.importorskip("triton")
+    from napkin.lower import ptx
+    from napkin.lower.plan import stream_boxes
+    from napkin.lower.state_layout import carried
+    from napkin.pipeline import optimize
+    if ptx.versions()[0] != _pins()["jaxlib"]:
+        pytest.skip("jaxlib is not the dev extra's pin")
+    opt = optimize("softcap_attention", "h100", None, "bf16")
+    assert [carried(b.spec)[3] for b in stream_boxes(opt.program)] == [()]
+    (_, o), = [(w, o) for w, o in opt.backward.pieces if "K" in w]
+    assert [carried(b.spec)[3] for b in stream_boxes(o.program)] == [(0, 1), ()]
+    shapes = [tuple(o.sizes[a.name] for a in ob.type.axes) for ob in o.algorithm.dom.inside]
+    assert o.kernel().source(*shapes).count("# transpose") == 2
+    # each kernel of the program on its own too (the merge of the split's parts reads a
+    # size its arrays lack: the part's source had raised sympy's TypeError)
+    assert [part.source(*s).count("# transpose") for part, s in o.kernel().parts(shapes)] \
+        == [0, 2, 0]
+    for model, k in zip(o.search.best.tiles.launch,
+                        ptx.compile_ptx(o.kernel(), shapes, check_shared=False)):
+        assert k.spills == 0 and k.fma_dots == 0, (o.tiles, model, k.registers, k.spills)
+
+
 def test_a_dot_a_tile_makes_smaller_than_16_does_not_compile():
     """On a GPU no dot dimension is under 16 (Triton's tl.dot): a kernel whose tile makes
     one refuses to compile in one line naming the tile; interpret mode (a CPU) still runs

@@ -368,6 +368,9 @@ class BoundKernel:
     def refusal(self, *shapes) -> str:
         return self.kernel.refusal(*shapes, sizes=self.sizes)
 
+    def source(self, *shapes) -> str:
+        return self.plan(*shapes).source if shapes else self.kernel.source()
+
     def __call__(self, *arrays, interpret=None):
         return self.kernel(*arrays, interpret=interpret, sizes=self.sizes)
 

@@ -40,6 +40,7 @@ from napkin.core.errors import NapkinError
 from napkin.lower.backends import VARYING, Written, forward_params, load_module, varying_of
 from napkin.lower.emit import Recorder, Var, Writer, dtype_name, identifier
 from napkin.lower.plan import BlockRules, KernelPlan, reduction_neutral, tile_indices
+from napkin.lower.state_layout import carried
 from napkin.core.ir import view
 from napkin.core.primitives import EvalContext, align, merged_runs
 from napkin.core.semantics import fold_boxes
@@ -365,8 +366,10 @@ class _Spelling:
         env = dict(ctx.env)
         if isinstance(spec.chunk, sympy.Symbol):
             env[spec.chunk] = s
-        state = self.run(spec.init, EvalContext(env, ctx.offsets, xp), [])
-        for var, ob in zip(state, spec.init.cod.inside):
+        # (a state a product accumulates into may be carried transposed: state_layout)
+        begin, update, finalize, _ = carried(spec)
+        state = self.run(begin, EvalContext(env, ctx.offsets, xp), [])
+        for var, ob in zip(state, begin.cod.inside):
             w.rename(var, ob.name)
         bounds = self.skip_bounds(sp, ctx)
         part = self.part_bounds(sp, ctx)
@@ -388,7 +391,7 @@ class _Spelling:
             w.indent()
             self.scopes.append({})
             st_in = [Var(w, w.fresh(ob.name), var.aval, temp=False)
-                     for var, ob in zip(state, spec.init.cod.inside)]
+                     for var, ob in zip(state, begin.cod.inside)]
             w.line(f"{', '.join(v.name for v in st_in)}{',' if len(st_in) == 1 else ''} = carry")
             start = w.let(f"{c} * {s}", name=f"{ax}0", aval=I32)
             ok = None
@@ -408,12 +411,12 @@ class _Spelling:
                 w.indent()
                 self.scopes.append({})
                 st_in = [Var(w, w.fresh(ob.name), var.aval, temp=False)
-                         for var, ob in zip(state, spec.init.cod.inside)]
+                         for var, ob in zip(state, begin.cod.inside)]
                 w.line(f"{', '.join(v.name for v in st_in)}{',' if len(st_in) == 1 else ''} "
                        f"= carry")
             chunk_args = [self.load(a) if isinstance(a, RefWire) and i not in late else a
                           for i, a in enumerate(wires)]
-            new = self.run(spec.update, sub, st_in + chunk_args, valid=(ax, ok))
+            new = self.run(update, sub, st_in + chunk_args, valid=(ax, ok))
             outs = []
             for var, init in zip(new, state):
                 if (var.shape, var.dtype, getattr(var.aval, "weak_type", False)) != \
@@ -434,7 +437,7 @@ class _Spelling:
             return fn
 
         def unpack(expr):
-            names = [w.fresh(ob.name) for ob in spec.init.cod.inside]
+            names = [w.fresh(ob.name) for ob in begin.cod.inside]
             w.line(f"{', '.join(names)}{',' if len(names) == 1 else ''} = {expr}")
             return [Var(w, nm, v.aval, temp=False) for nm, v in zip(names, state)]
 
@@ -492,7 +495,7 @@ class _Spelling:
                                f"{carry(state)})  # the ragged tail: 0 or 1 trip")
         fin = EvalContext(env, ctx.offsets, xp)
         fixed = [self.load(a) if isinstance(a, RefWire) else a for a in fixed]
-        return self.run(spec.finalize, fin, state + fixed)
+        return self.run(finalize, fin, state + fixed)
 
     def chunk_rows(self, spec, ins, streamed, args) -> dict:
         """{input: the run of its axes loaded as rows} for the streamed inputs of ``spec`` whose
