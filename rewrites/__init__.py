@@ -14,12 +14,13 @@ from rewrites.recompute import Recompute, RecomputeProduct, RecomputeWide
 from rewrites.relabel_level import RelabelLevel
 from rewrites.softmax_lse import SoftmaxLse
 from rewrites.split_stream import SplitStream
+from rewrites.split_sum import SplitSum
 from rewrites.stream_partition import StreamPartition
 from rewrites.untie import UntieTiles
 
 RULES: dict[str, Rule] = {r.name: r for r in (
     GroupPartition(), StreamPartition(), NormalizedContraction(), HeadGrouping(), RelabelLevel(),
-    Recognize(), Recompute(), RecomputeProduct(), RecomputeWide(), SoftmaxLse(), SplitStream(), UntieTiles())}
+    Recognize(), Recompute(), RecomputeProduct(), RecomputeWide(), SoftmaxLse(), SplitStream(), SplitSum(), UntieTiles())}
 
 
 def get_rule(name: str) -> Rule:

@@ -26,7 +26,7 @@ def test_every_rule_names_a_proof_module():
         f"proofs.{m}" for m in ("group_partition", "stream_partition", "sum_contraction",
                                 "max_reduce", "logsumexp", "softmax_contraction",
                                 "normalized_contraction", "relabel_level", "recognize",
-                                "recompute", "softmax_lse", "split_stream", "untie")}
+                                "recompute", "softmax_lse", "split_stream", "split_sum", "untie")}
 
 
 # one test per rule, so the proofs spread over the workers
