@@ -17,7 +17,7 @@ Proof: proofs/softmax_lse.py.
 from __future__ import annotations
 
 from napkin.core.errors import RuleError
-from napkin.core.ir import ops as op_order, to_diagram, to_graph, view
+from napkin.core.ir import add_op, ops as op_order, to_diagram, to_graph, view
 from napkin.core.op import make_op
 from napkin.core.primitives import Map, Reduce, Softmax, Zip
 from napkin.core.region import Site, body_at, replace_at
@@ -51,18 +51,9 @@ class SoftmaxLse(Rule):
         node = g.nodes[n]
         axis = node["box"].spec.axis
         (s,), (p,) = node["ins"], node["outs"]
-        fresh = max(g.nodes) + 1
 
         def add(spec, ins, name, out=None):
-            nonlocal fresh
-            box = make_op(spec, _ty(g, ins), [out or name], name)
-            op, w = fresh, fresh + 1
-            fresh += 2
-            g.add_node(op, kind="op", box=box, ins=list(ins), outs=[w])
-            g.add_node(w, kind="value", ob=box.cod.inside[0])
-            for u in ins:
-                g.add_edge(u, op)
-            g.add_edge(op, w)
+            (w,) = add_op(g, make_op(spec, _ty(g, ins), [out or name], name), ins)
             return w
         lse = add(Reduce("logsumexp", axis), [s], f"logsumexp_{axis}", "L")
         # + (L − L): 0 on a row with a finite L, NaN where L = +∞ — softmax's row of a +∞

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from napkin.core.diagram import ty
 from napkin.core.errors import RuleError
-from napkin.core.ir import ops as op_order, to_diagram, to_graph, view
+from napkin.core.ir import add_op, ops as op_order, to_diagram, to_graph, view
 from napkin.core.op import make_op
 from napkin.core.primitives import Contract
 from napkin.core.region import Site, body_at, replace_at
@@ -55,15 +55,11 @@ class SplitSum(Rule):
         node = g.nodes[n]
         partial = make_op(Contract((*box.spec.out, axis)), box.dom,
                           out_names=[f"{box.cod.inside[0].name}_{axis}"])
-        m = max(k for k in g.nodes if isinstance(k, int)) + 1
-        g.add_node(m + 1, kind="value", ob=partial.cod.inside[0])
-        g.add_node(m, kind="op", box=partial, ins=list(node["ins"]), outs=[m + 1])
-        for v in node["ins"]:
+        (sums,) = add_op(g, partial, node["ins"])
+        for v in dict.fromkeys(node["ins"]):
             g.remove_edge(v, n)
-            g.add_edge(v, m)
-        g.add_edge(m, m + 1)
-        g.add_edge(m + 1, n)
-        node["ins"] = [m + 1]
+        g.add_edge(sums, n)
+        node["ins"] = [sums]
         node["box"] = make_op(Contract(box.spec.out), ty((partial.cod.inside[0],)),
                               out_names=[box.cod.inside[0].name], name=box.name)
         return replace_at(program, site.path, to_diagram(g))

@@ -60,6 +60,28 @@ class GraphBuilder:
         return self.graph
 
 
+def add_op(graph: nx.DiGraph, box, ins: list) -> list[int]:
+    """Add an op node for ``box`` reading the value nodes ``ins`` to a graph (a rewrite's
+    own copy: ``to_graph``); returns its output value nodes, fresh."""
+    n = max(graph.nodes, default=-1) + 1
+    outs = list(range(n + 1, n + 1 + len(box.cod)))
+    graph.add_node(n, kind="op", box=box, ins=list(ins), outs=outs)
+    for v, ob in zip(outs, box.cod.inside):
+        graph.add_node(v, kind="value", ob=ob)
+        graph.add_edge(n, v)
+    for v in ins:
+        graph.add_edge(v, n)
+    return outs
+
+
+def reroute(graph: nx.DiGraph, old: int, new: int, readers) -> None:
+    """The op nodes ``readers`` read value ``new`` where they read ``old``."""
+    for r in readers:
+        graph.remove_edge(old, r)
+        graph.add_edge(new, r)
+        graph.nodes[r]["ins"] = [new if v == old else v for v in graph.nodes[r]["ins"]]
+
+
 def to_graph(diagram: markov.Diagram) -> nx.DiGraph:
     b = GraphBuilder()
     wires = [b.input(ob) for ob in diagram.dom.inside]

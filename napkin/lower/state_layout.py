@@ -20,7 +20,7 @@ import networkx as nx
 
 from napkin.core.arrays import ArrayOb, ArrayType, array_types
 from napkin.core.diagram import ty
-from napkin.core.ir import to_diagram, to_graph
+from napkin.core.ir import add_op, reroute, to_diagram, to_graph
 from napkin.core.memo import IdentityMemo
 from napkin.core.op import make_op
 from napkin.core.primitives import Contract, matmul_axes, rows_from_second
@@ -131,14 +131,6 @@ def _flip_finalize(g: nx.DiGraph, j: int) -> None:
     _retyped(g, s)
     box = make_op(Contract(want.type.names), ty((g.nodes[s]["ob"],)), out_names=[want.name],
                   name="transpose")
-    n = max(k for k in g.nodes if isinstance(k, int)) + 1
-    back = n + 1
-    g.add_node(back, kind="value", ob=box.cod.inside[0])
-    g.add_node(n, kind="op", box=box, ins=[s], outs=[back])
-    g.add_edge(s, n)
-    g.add_edge(n, back)
-    for r in readers:
-        g.remove_edge(s, r)
-        g.add_edge(back, r)
-        g.nodes[r]["ins"] = [back if v == s else v for v in g.nodes[r]["ins"]]
+    (back,) = add_op(g, box, [s])
+    reroute(g, s, back, readers)
     g.graph["outputs"] = [back if v == s else v for v in g.graph["outputs"]]
