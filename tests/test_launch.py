@@ -53,6 +53,41 @@ def test_a_chunk_that_meets_a_products_result_takes_one_conversion_buffer(name, 
     assert k["num_stages"] == 2 and k["smem_bytes"] == want
 
 
+def test_a_chunk_read_elementwise_into_a_product_takes_one_pipeline_buffer():
+    """Y = gelu(X)·W streamed over d: W's chunk is the product's operand (a buffer a stage);
+    X's is read elementwise first, yet Triton's pipeliner copies it to shared memory ahead of
+    its step too, one buffer (the MLP's dX tail allocated 32,768 B where the model counted
+    W1's 16,384; `cpu_proofs.py --backward`).  At one stage nothing is copied ahead."""
+    from napkin import ops
+    from napkin.core.arrays import axes
+    from napkin.core.region import Site
+    from napkin.frontend.trace import Array, trace
+    from rewrites import RULES
+    n, d, e = axes("n d e")
+    D = trace(lambda X, W: ops.contract(ops.gelu(X), W, out=(n, e)),
+              {"X": Array(n, d), "W": Array(d, e)}, "gelu(X)·W")
+    D = RULES["group_partition"].apply(D, Site((), (0, 1)), {"axis": "n"})
+    D = RULES["group_partition"].apply(D, Site((0,), (0, 1)), {"axis": "e"})
+    D = RULES["stream_partition"].apply(D, Site((0, 0), (0, 1)), {"axis": "d"})
+    g = Grid(cost(D, H100, "bf16"), dict(n=4096, d=4096, e=4096, g_n=64, g_e=64, s_d=64))
+    (k,) = g.launches.at(0)
+    (r,) = g.c.kernels
+    chunk = 2 * 64 * 64  # bf16
+    assert k["num_stages"] == 2 and k["smem_bytes"] == 2 * chunk + chunk
+    assert value_at(r.pipelined, g.sizes) == chunk
+    assert r.smem_bytes(lambda x: value_at(x, g.sizes), 1) == chunk
+    pytest.importorskip("triton")
+    from napkin.lower import lower, ptx
+    try:
+        ptx.check_pair(*ptx.versions())
+    except NapkinError as why:
+        pytest.skip(str(why))
+    kernel = lower(D, dict(n=4096, d=4096, e=4096, g_n=64, g_e=64, s_d=64), backend="triton",
+                   dtype="bf16", num_warps=4, num_stages=2)
+    (compiled,) = ptx.compile_ptx(kernel, [(4096, 4096), (4096, 4096)])
+    assert compiled.shared == k["smem_bytes"]
+
+
 def test_matmul_shared_memory_and_warps():
     k, _ = launch_at("matmul", MATMUL, dict(a=4096, b=4096, c=4096),
                      dict(g_a=128, g_c=256, s_b=128))

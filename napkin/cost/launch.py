@@ -9,7 +9,9 @@ of a :class:`napkin.cost.grid.Grid`, for a profile whose ``register_budget`` is 
   hold the block's register-resident values within ``register_budget`` registers each,
   with no more warp groups than its matrix products have rows for (``mma_m`` each);
   pipeline stages: the most, up to ``pipeline_stages``, whose chunk buffers fit the block's
-  shared memory (``smem_per_block_max_bytes``).  A point whose one-stage buffers do not fit
+  shared memory (``smem_per_block_max_bytes``) — at two or more, with one buffer for each chunk
+  read elementwise on its way into a product, which the compiler's pipeline copies ahead too
+  (``KernelResources.pipelined``).  A point whose one-stage buffers do not fit
   is infeasible (the reason says by how much).  A warp-specialised block (a profile with
   ``producer_warps``: Mosaic GPU's) has a producer warp group that only copies, and as many
   consumer warp groups as divide its rows; setmaxnreg shares the register file among them
@@ -196,11 +198,15 @@ class Launches:
         # compiler allocates; its loads still overlap other blocks' work, as a stream-less
         # kernel's do)
         steps = np.maximum(ev(k.steps) + np.zeros(n), 1)
+        # (a compiler's pipeline also copies the chunks read elementwise into a product to
+        # shared memory, once each; a warp-specialised block's producer copies only what it
+        # is written to: napkin.lower.backends.mosaic_gpu counts its own)
+        piped = 0.0 if hw.producer_warps else ev(k.pipelined)
         stages = np.zeros(n)
         for s in range(1, hw.pipeline_stages + 1):
-            stages = np.where((smem1 + (s - 1) * stage <= limit) & ((s == 1) | (steps > 1)),
-                              s, stages)
-        smem = smem1 + (np.maximum(stages, 1) - 1) * stage
+            stages = np.where((smem1 + (s - 1) * stage + (s >= 2) * piped <= limit)
+                              & ((s == 1) | (steps > 1)), s, stages)
+        smem = smem1 + (np.maximum(stages, 1) - 1) * stage + np.where(stages >= 2, piped, 0)
         fits = stages >= 1
         # the reason is words for one point (a grid's worth of strings would cost seconds)
         why = "" if n != 1 or fits[0] else \
@@ -328,8 +334,8 @@ def read_symbols(k) -> set:
     """The size and tile symbols a kernel's launch reads."""
     def make():
         totals = fold(k.loop)
-        exprs = [*k.smem, k.stage, *k.registers, k.ctas, k.steps, k.launches, k.loop.trips,
-                 *([k.rows] if k.rows is not None else [])]
+        exprs = [*k.smem, k.stage, k.pipelined, *k.registers, k.ctas, k.steps, k.launches,
+                 k.loop.trips, *([k.rows] if k.rows is not None else [])]
         for table in (totals.loads_b, totals.stores_b):
             exprs += [e for t in table.values() for e in t.values()]
         exprs += list(totals.flops.values())

@@ -596,6 +596,7 @@ class _Builder:
         chunk_v, chunk_b, chunked, staged = ZERO, ZERO, [], set()
         staged_v, staged_b = ZERO, ZERO     # the chunks a contraction reads
         scratch = ZERO                      # the largest chunk converted to a dot's layout
+        pipelined = ZERO                    # chunks read elementwise into a product
         up_graph = view(spec.update)
         up_ins = up_graph.graph["inputs"]
         late = spec.finalize_only  # loaded by the finalize, after the loop
@@ -615,8 +616,11 @@ class _Builder:
                     # (a chunk a product reads with two of its axes as one side, GQA's rows
                     # r·q, is loaded as rows and staged as any other: the Triton backend's
                     # _Spelling.rows_access)
-                elif _meets_product(up_graph, up_ins[n_state + j]):
-                    scratch = cb if scratch == ZERO else sympy.Max(scratch, cb)
+                else:
+                    if _meets_product(up_graph, up_ins[n_state + j]):
+                        scratch = cb if scratch == ZERO else sympy.Max(scratch, cb)
+                    if _reaches_product(up_graph, up_ins[n_state + j]):
+                        pipelined += cb
         state, nexts = [], []
         for o in spec.init.cod.inside:
             buf = self.buffer(o, L, "state", "state", name=o.name)
@@ -665,6 +669,7 @@ class _Builder:
         up.chunk = (chunk_v, chunk_b)
         up.staged = (staged_v, staged_b)
         up.scratch = scratch
+        up.pipelined = sympy.expand(pipelined)
         up.init, up.finalize = init, fin
         loop.children.append((i, up))
 
@@ -703,6 +708,23 @@ def _meets_product(g, v) -> bool:
         if v in node["ins"] and not made and any(u in product for u in node["ins"] if u != v):
             seen.add(n)
     return bool(seen)
+
+
+def _reaches_product(g, v) -> bool:
+    """Whether value ``v`` of graph ``g`` reaches a matrix product's operand through
+    elementwise boxes alone (RMSNorm's x on its way to x̂·W, P's L): a compiler's software
+    pipeline copies such a load to shared memory ahead of its step (Triton's, one buffer)."""
+    todo, seen = [v], set()
+    while todo:
+        u = todo.pop()
+        for c in g.successors(u):
+            node = g.nodes[c]
+            if node["box"].spec.kind == "contract" and _is_matmul(node):
+                return True
+            if getattr(node["box"].spec, "elementwise", False) and c not in seen:
+                seen.add(c)
+                todo += node["outs"]
+    return False
 
 
 def _is_matmul(node) -> bool:

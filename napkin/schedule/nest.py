@@ -189,6 +189,10 @@ class Loop:
     chunk: tuple = (ZERO, ZERO)
     staged: tuple = (ZERO, ZERO)   # of the chunk, what contractions read
     scratch: sympy.Expr = ZERO     # bytes of shared memory a chunk's layout conversion takes
+    # bytes of the chunks only elementwise boxes read on their way into a product: a
+    # compiler's software pipeline (Triton at 2 or more stages) copies each to shared memory,
+    # one buffer apiece (a product's own operand takes one a stage: ``staged``)
+    pipelined: sympy.Expr = ZERO
     # a stream's overlap: which of its step's work may run during the next step, in words
     # ("" where none: napkin.schedule.overlap)
     overlap: str = ""

@@ -54,12 +54,16 @@ class KernelResources:
     # whether a stream's step may run part of its work during the next (Loop.overlap: its
     # product a step late, beside the next step's softmax)
     overlapped: bool = False
+    # bytes a software pipeline of 2 or more stages adds once: the chunks only elementwise
+    # boxes read into a product, one buffer each (Loop.pipelined; the largest stream's)
+    pipelined: sympy.Expr = ZERO
 
     # ``ev``: an expression's value (a number, or numpy arrays over a grid of tile points)
     def smem_bytes(self, ev, stages=1):
         """Shared memory per block with ``stages`` chunk buffers per stream."""
         return functools.reduce(np.maximum, (ev(b) for b in self.smem)) + \
-            (stages - 1) * ev(self.stage)
+            (stages - 1) * ev(self.stage) + np.where(np.asarray(stages) >= 2,
+                                                     ev(self.pipelined), 0)
 
     def registers_per_thread(self, ev, warps):
         """Registers of data per thread at ``warps`` warps: the held values, one 4-byte
@@ -111,7 +115,8 @@ def _resources(k: Loop, launches, stages: int, levels: list, block: int) -> Kern
                                                    _in_block(k.peaks("staged"), block)])),
         stage=sympy.expand(stage),
         registers=tuple(prune(_in_block(k.peaks("held"), block, values=True))),
-        streams=len(streams), rows=_rows(k), overlapped=any(s.overlap for s in streams))
+        streams=len(streams), rows=_rows(k), overlapped=any(s.overlap for s in streams),
+        pipelined=max((s.pipelined for s in streams), key=_sample, default=ZERO))
 
 
 def _rows(k: Loop):
