@@ -73,8 +73,8 @@ class Rule:
     # exact and never a worse start: the search applies it wherever it applies, before it
     # searches (its moves head every chain), instead of branching on it
     eager: bool = False
-    # a choice made once, on the algorithm: the search starts from each of its applications
-    # beside the algorithm (a root each) instead of branching on it in every state
+    # a choice made once, on the algorithm: the search runs a search of its own from each of
+    # its applications and keeps the better answer, instead of branching on it in every state
     rooted: bool = False
     # ends a chain: the search rewrites its programs no further (a split cuts a kernel in
     # two; rewriting the pieces again would repeat the search once per split)

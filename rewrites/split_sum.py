@@ -34,7 +34,7 @@ class SplitSum(Rule):
     rooted = True
 
     def _site(self, program, site, params):
-        g, n = one_op(self.name, program, site, lambda d: to_graph(d), "one contraction")
+        g, n = one_op(self.name, program, site, to_graph, "one contraction")
         box = g.nodes[n]["box"]
         axis = params.get("axis")
         if box.spec.kind != "contract":

@@ -37,15 +37,16 @@ def carried(spec) -> tuple:
 def _carried(spec):
     update = to_graph(spec.update)
     init = to_graph(spec.init)
-    flipped = tuple(j for j in range(spec.n_state) if _flippable(update, init, spec, j))
-    if not flipped:
+    found = {j: ops for j in range(spec.n_state)
+             if (ops := _accumulation(update, init, spec, j)) is not None}
+    if not found:
         return spec.init, spec.update, spec.finalize, ()
     finalize = to_graph(spec.finalize)
-    for j in flipped:
-        _flip_update(update, j)
+    for j, (add, dot) in found.items():
+        _flip_update(update, j, add, dot)
         _flip_init(init, j)
         _flip_finalize(finalize, j)
-    return to_diagram(init), to_diagram(update), to_diagram(finalize), flipped
+    return to_diagram(init), to_diagram(update), to_diagram(finalize), tuple(found)
 
 
 def _reversed(t: ArrayType) -> ArrayType:
@@ -56,39 +57,41 @@ def _producer(g: nx.DiGraph, v):
     return next(iter(g.predecessors(v)), None)
 
 
-def _flippable(update, init, spec, j: int) -> bool:
-    """State ``j`` is a matrix updated only by ``s + A·B``, started from a fill, and the
-    product's row operand is computed in the step and read transposed."""
+def _accumulation(update, init, spec, j: int):
+    """(add, product) — the update's op nodes of ``s + A·B`` — where state ``j`` is a matrix
+    updated only so, started from a fill, and the product's row operand is computed in the
+    step and read transposed; None otherwise."""
     t = array_types(spec.init.cod)[j]
     s_in, s_out = update.graph["inputs"][j], update.graph["outputs"][j]
     if len(t.axes) != 2 or update.graph["outputs"].count(s_out) != 1:
-        return False
+        return None
     add = _producer(update, s_out)
     if add is None or update.nodes[add]["box"].spec.kind != "zip" or \
             update.nodes[add]["box"].spec.fn != "add" or s_in not in update.nodes[add]["ins"] \
             or list(update.successors(s_in)) != [add]:
-        return False
+        return None
     other = [v for v in update.nodes[add]["ins"] if v != s_in]
     if len(other) != 1 or list(update.successors(other[0])) != [add]:
-        return False
+        return None
     dot = _producer(update, other[0])
     if dot is None or update.nodes[dot]["box"].spec.kind != "contract":
-        return False
+        return None
     box = update.nodes[dot]["box"]
     ins, outs = box.ins, box.outs
     mm, m_ax, _, summed = matmul_axes(ins, outs)
     if not mm or len(ins) != 2 or outs[0].names != t.names:
-        return False
+        return None
     row = 1 if rows_from_second(ins, outs) else 0
     a, b = update.nodes[dot]["ins"][row], update.nodes[dot]["ins"][1 - row]
     inputs = set(update.graph["inputs"])
     if a in inputs or b not in inputs:  # the rows computed here, the other side loaded
-        return False
+        return None
     names = ins[row].names
     transposed = max(names.index(n) for n in summed) < min(names.index(n) for n in m_ax)
     starts = _producer(init, init.graph["outputs"][j])
-    return transposed and starts is not None and \
-        init.nodes[starts]["box"].spec.kind == "fill"
+    if not transposed or starts is None or init.nodes[starts]["box"].spec.kind != "fill":
+        return None
+    return add, dot
 
 
 def _retyped(g: nx.DiGraph, v) -> None:
@@ -107,12 +110,9 @@ def _rebuilt(g: nx.DiGraph, n, spec) -> None:
         g.nodes[v]["ob"] = ob
 
 
-def _flip_update(g: nx.DiGraph, j: int) -> None:
-    s_in, s_out = g.graph["inputs"][j], g.graph["outputs"][j]
-    add = _producer(g, s_out)
-    dot = _producer(g, next(v for v in g.nodes[add]["ins"] if v != s_in))
+def _flip_update(g: nx.DiGraph, j: int, add, dot) -> None:
     out = g.nodes[dot]["box"].spec.out
-    _retyped(g, s_in)
+    _retyped(g, g.graph["inputs"][j])
     _rebuilt(g, dot, Contract(tuple(reversed(out))))
     _rebuilt(g, add, g.nodes[add]["box"].spec)
 

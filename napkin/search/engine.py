@@ -285,7 +285,8 @@ def apply_move(program, move: Move):
 
 def _rooted(start) -> list:
     """(program, chain) for each application of a rooted rule
-    (:attr:`rewrites.base.Rule.rooted`) to the eager start: roots of the search beside it."""
+    (:attr:`rewrites.base.Rule.rooted`) to the eager start: each the root of a search of
+    its own (``_search``)."""
     program, chain = start
     out = []
     for name, rule in RULES.items():
