@@ -10,6 +10,7 @@ import math
 import numpy as np
 import pytest
 
+from napkin import ops
 from napkin.cost import cost, value_at
 from napkin.cost.launch import Launches
 from napkin.cost.grid import Grid
@@ -58,7 +59,6 @@ def test_a_chunk_read_elementwise_into_a_product_takes_one_pipeline_buffer():
     X's is read elementwise first, yet Triton's pipeliner copies it to shared memory ahead of
     its step too, one buffer (the MLP's dX tail allocated 32,768 B where the model counted
     W1's 16,384; `cpu_proofs.py --backward`).  At one stage nothing is copied ahead."""
-    from napkin import ops
     from napkin.core.arrays import axes
     from napkin.core.region import Site
     from napkin.frontend.trace import Array, trace
@@ -86,6 +86,67 @@ def test_a_chunk_read_elementwise_into_a_product_takes_one_pipeline_buffer():
                    dtype="bf16", num_warps=4, num_stages=2)
     (compiled,) = ptx.compile_ptx(kernel, [(4096, 4096), (4096, 4096)])
     assert compiled.shared == k["smem_bytes"]
+
+
+def _product_of(fn, stream, sizes, tiles):
+    """fn(X, W) over X[n, d], W[d, e] into [n, e]: grouped over e then n (every box), or
+    over n and e and streamed over d; its one kernel launched at ``tiles``."""
+    from napkin.core.arrays import axes
+    from napkin.core.ir import ops as op_nodes, view
+    from napkin.core.region import Site
+    from napkin.frontend.trace import Array, trace
+    from rewrites import RULES
+    n, d, e = axes("n d e")
+    D = trace(lambda X, W: fn(X, W, n, d, e), {"X": Array(n, d), "W": Array(d, e)}, "fn")
+    every = tuple(range(len(op_nodes(view(D)))))
+    steps = [("n", ()), ("e", (0,))] if stream else [("e", ()), ("n", (0,))]
+    for axis, path in steps:
+        D = RULES["group_partition"].apply(D, Site(path, every), {"axis": axis})
+    if stream:
+        D = RULES["stream_partition"].apply(D, Site((0, 0), every), {"axis": "d"})
+    (k,) = Grid(cost(D, H100, "bf16"), {**sizes, **tiles}).launches.at(0)
+    return D, k
+
+
+WHOLE, LONG = dict(n=4096, d=128, e=4096), dict(n=4096, d=4096, e=4096)
+
+
+@pytest.mark.parametrize("label, fn, stream, sizes, tiles, want", [
+    # X·W: both loaded operands staged (Triton: 32,768)
+    ("XW", lambda X, W, n, d, e: ops.contract(X, W, out=(n, e)), False, WHOLE,
+     dict(g_n=64, g_e=64), 2 * 64 * 128 * 2),
+    # gelu(X)·W: gelu(X) is loaded in the operand's layout, only W is staged (16,384)
+    ("gelu", lambda X, W, n, d, e: ops.contract(ops.gelu(X), W, out=(n, e)), False, WHOLE,
+     dict(g_n=64, g_e=64), 64 * 128 * 2),
+    # (X ⊙ Σ_d X)·W: a row sum gives x's layout, converted through shared memory (32,768)
+    ("rowsum", lambda X, W, n, d, e: ops.contract(X * ops.sum_(X, axis=d), W, out=(n, e)),
+     False, WHOLE, dict(g_n=64, g_e=64), 2 * 64 * 128 * 2),
+    # X·gelu(W): the computed second operand is stored for the product (32,768)
+    ("second", lambda X, W, n, d, e: ops.contract(X, ops.gelu(W), out=(n, e)), False, WHOLE,
+     dict(g_n=64, g_e=64), 2 * 64 * 128 * 2),
+    # gelu(X)·W streamed over d: W's chunk a stage, X's one pipeline buffer (24,576)
+    ("gelu stream", lambda X, W, n, d, e: ops.contract(ops.gelu(X), W, out=(n, e)), True,
+     LONG, dict(g_n=64, g_e=64, s_d=64), 3 * 64 * 64 * 2)])
+def test_a_computed_operand_takes_shared_memory_where_triton_stores_it(
+        label, fn, stream, sizes, tiles, want):
+    """A tensor-core product reads its second operand from shared memory, and its first
+    where a reduction gave it its layout (napkin.schedule.layout.staged_operands); an
+    operand computed elementwise from its loads is read in registers.  Each count is
+    Triton 3.9's allocation for the kernel on sm_90 (compiled below where the pinned
+    triton is here)."""
+    D, k = _product_of(fn, stream, sizes, tiles)
+    assert k["smem_bytes"] == want, (label, k)
+    pytest.importorskip("triton")
+    from napkin.lower import lower, ptx
+    try:
+        ptx.check_pair(*ptx.versions())
+    except NapkinError as why:
+        pytest.skip(str(why))
+    kernel = lower(D, {**sizes, **tiles}, backend="triton", dtype="bf16",
+                   num_warps=k["num_warps"], num_stages=k["num_stages"])
+    shapes = [(sizes["n"], sizes["d"]), (sizes["d"], sizes["e"])]
+    (compiled,) = ptx.compile_ptx(kernel, shapes, check_shared=False)
+    assert compiled.shared == want, label
 
 
 def test_matmul_shared_memory_and_warps():
@@ -624,7 +685,6 @@ def test_a_wave_waits_once_for_its_first_loads():
     a GPU, not by the 20 µs of bandwidth the roofline sees — and takes four rows a block once
     the waves' latency is priced."""
     import napkin
-    from napkin import ops
     h, q, d = napkin.axes("h q d")
 
     @napkin.algorithm(O=(h, q, d), dO=(h, q, d))

@@ -27,6 +27,7 @@ from napkin.core.primitives import (FLOATING, matmul_axes, merge_axes,
 from napkin.schedule.nest import (
     ONE, ZERO, Assign, Buffer, ContractionRecord, Loop, Move, Schedule, Step, TileInfo, nonneg,
 )
+from napkin.schedule.layout import batch_axes, pointwise, staged_operands
 from napkin.schedule.overlap import stated
 
 _EXTRA_BYTES = {"int32": 4, "bool": 1}
@@ -379,7 +380,7 @@ class _Builder:
 
     # -- bodies ------------------------------------------------------------------------------
     def body(self, loop: Loop, D, L, R, in_refs, in_home, out_refs, out_home, reusable=(),
-             held=()):
+             held=(), spec=None):
         """Fill ``loop`` with diagram ``D`` running at level ``L`` (``R`` times in all).
 
         in_home[i]: level where input i lives (== L: resident, held by the caller; above L: a
@@ -390,10 +391,21 @@ class _Builder:
         (a stream's chunks only elementwise boxes read): a value an elementwise box writes over
         one of them where it dies takes no registers of its own (gate·silu·up before the
         down projection, a norm's x·r·g before its GEMM: in place, as a compiler writes it).
+        ``spec``: the stream whose update ``D`` is (its states may be carried transposed).
         The liveness goes into ``loop.holds`` / ``loop.children``."""
         g = common_view(D)
         order = op_order(g)
         pos = {n: i for i, n in enumerate(order)}
+        # the operands a product reads from shared memory that this body computes, stored
+        # there at the product's step and dead after it (napkin.schedule.layout); a
+        # product's batch axis a group tiles is taken at a tile of 1, as _batched does: it
+        # leaves the kernel (napkin.lower.plan), and the products are matrices
+        size = {a.name: a.size for v in g.nodes if g.nodes[v]["kind"] == "value"
+                for a in g.nodes[v]["ob"].type.axes}
+        squeezed = frozenset(n for n in batch_axes(g)
+                             if self.tiles.get(size.get(n), ("",))[0] == "group")
+        for v, n in staged_operands(g, squeezed, spec):
+            loop.holds.append((*self.size(g.nodes[v]["ob"]), pos[n], pos[n], "smem"))
         ins, outs = g.graph["inputs"], g.graph["outputs"]
         out_home_of, out_ref_of = {}, {}
         for v, h, r in zip(outs, out_home, out_refs):
@@ -650,7 +662,7 @@ class _Builder:
                 else:
                     refs.append(ref[v])
             self.body(up, spec.update, L, R * N, refs, [L] * len(up_dom), nexts, [L] * n_state,
-                      held=[n_state + j for j in chunked if j not in staged])
+                      held=[n_state + j for j in chunked if j not in staged], spec=spec)
             written = {id(b) for it in up.items if isinstance(it, Step) for b in it.outs if b}
             moved = tuple((s, nx) for s, nx in zip(state, nexts) if id(nx) in written)
             if moved:
@@ -721,7 +733,7 @@ def _reaches_product(g, v) -> bool:
             node = g.nodes[c]
             if node["box"].spec.kind == "contract" and _is_matmul(node):
                 return True
-            if getattr(node["box"].spec, "elementwise", False) and c not in seen:
+            if pointwise(node["box"]) and c not in seen:
                 seen.add(c)
                 todo += node["outs"]
     return False

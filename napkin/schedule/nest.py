@@ -222,8 +222,10 @@ class Loop:
                 merge_peaks(out, child.peaks(part))
             return out
         # a hold's last field: True staged, False held, "registers" a transient a kernel
-        # keeps in registers only (a multiply-and-sum's broadcast product)
-        keep = {"all": (True, False), "staged": (True,), "held": (False, "registers")}[part]
+        # keeps in registers only (a multiply-and-sum's broadcast product), "smem" one it
+        # keeps in shared memory only (a computed operand stored for a product)
+        keep = {"all": (True, False), "staged": (True, "smem"),
+                "held": (False, "registers")}[part]
         at_step: dict = {}
         deeper: dict = {}
         for step, child in self.children:

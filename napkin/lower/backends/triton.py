@@ -40,7 +40,7 @@ from napkin.core.errors import NapkinError
 from napkin.lower.backends import VARYING, Written, forward_params, load_module, varying_of
 from napkin.lower.emit import Recorder, Var, Writer, dtype_name, identifier
 from napkin.lower.plan import BlockRules, KernelPlan, reduction_neutral, tile_indices
-from napkin.lower.state_layout import carried
+from napkin.schedule.layout import carried
 from napkin.core.ir import view
 from napkin.core.primitives import EvalContext, align, merged_runs
 from napkin.core.semantics import fold_boxes
@@ -366,8 +366,13 @@ class _Spelling:
         env = dict(ctx.env)
         if isinstance(spec.chunk, sympy.Symbol):
             env[spec.chunk] = s
-        # (a state a product accumulates into may be carried transposed: state_layout)
-        begin, update, finalize, _ = carried(spec)
+        # (a state a product accumulates into may be carried transposed, an input read
+        # transposed laid out so before the loop: napkin.schedule.layout)
+        begin, update, finalize, _, laid = carried(spec)
+        inside = list(fixed)  # the loop's: an input it reads transposed, transposed before it
+        for i in laid:
+            j = sum(1 for k in range(i) if k not in streamed)
+            inside[j] = xp.transpose(fixed[j], (1, 0))
         state = self.run(begin, EvalContext(env, ctx.offsets, xp), [])
         for var, ob in zip(state, begin.cod.inside):
             w.rename(var, ob.name)
@@ -401,7 +406,7 @@ class _Spelling:
             offsets = dict(ctx.offsets)
             offsets[ax] = start
             sub = EvalContext(env, offsets, xp)
-            it = iter(fixed)
+            it = iter(inside)
             wires = [given[i] if i in given else a.narrowed(ax, start, s, ok, rows.get(i, ()))
                      if i in streamed else next(it) for i, a in enumerate(args)]
             visit = self.chunk_visit(sp, sub, wires, ok)
