@@ -23,10 +23,13 @@ where the product is: in the loop, from registers, into a shared-memory buffer e
 Transposed once before the loop, Triton stages it in shared memory once, as it stages any
 operand loaded before the loop (218 → 204 registers).
 
-**What a step stages.**  A tensor-core product reads its second operand (the columns) from
-shared memory; one computed in the step (P and dS of the dK, dV kernel carried transposed)
-is stored there at the product and dead after it, so the compiler gives every such operand
-of a step one buffer, the largest (:func:`staged_operands`).
+**What a product stages.**  A tensor-core product reads its second operand (the columns)
+from shared memory, and its first where a reduction gave it its layout (RMSNorm's
+x̂ = x·rsqrt(mean x²) is converted to the operand's through shared memory; gelu(x) is loaded
+in the operand's layout, P made by a product is converted in registers).  One computed in
+the kernel is stored there at the product and dead after it (:func:`staged_operands`; P and
+dS of the dK, dV kernel, carried transposed, take one buffer in turn): the schedule holds it
+at the product's step.
 
 :func:`carried` rewrites a stream's bodies for the first two; the kernel's meaning is
 unchanged (named axes: the same array in another order).
@@ -45,34 +48,30 @@ from napkin.core.primitives import Contract, matmul_axes, rows_from_second
 _CARRIED = IdentityMemo(2000)
 
 
-def carried(spec, squeezed: frozenset = frozenset()) -> tuple:
+def carried(spec) -> tuple:
     """(init, update, finalize, flipped, laid): the stream's bodies with each state in
     ``flipped`` (positions) carried transposed, and the update reading each input in
     ``laid`` (positions among the stream's inputs) transposed — the kernel transposes it
-    once before the loop; the spec's own bodies where neither is.  ``squeezed``: axes the
-    kernel will drop (a grid axis at a tile of 1, napkin.lower.plan), left where they are —
-    the schedule, built before tiles have values, asks with its group tiles' axes, as the
-    kernel written at a tile of 1 sees the stream."""
-    return _CARRIED.get((spec,), lambda: _carried(spec, frozenset(squeezed)),
-                        frozenset(squeezed))
+    once before the loop; the spec's own bodies where neither is."""
+    return _CARRIED.get((spec,), lambda: _carried(spec))
 
 
-def _carried(spec, squeezed):
+def _carried(spec):
     update = to_graph(spec.update)
     init = to_graph(spec.init)
-    found = {j: ops for j in range(spec.n_state)
-             if (ops := _accumulation(update, init, spec, j, squeezed)) is not None}
+    found = {j: pair for j in range(spec.n_state)
+             if (pair := _accumulation(update, init, spec, j)) is not None}
     laid = tuple(i for i, t in enumerate(array_types(spec.update.dom)[spec.n_state:])
-                 if not t.has(spec.axis) and _read_transposed(update, spec.n_state + i, squeezed))
+                 if not t.has(spec.axis) and _read_transposed(update, spec.n_state + i))
     if not found and not laid:
         return spec.init, spec.update, spec.finalize, (), ()
     finalize = to_graph(spec.finalize)
     for j, (add, dot) in found.items():
-        _flip_update(update, j, add, dot, squeezed)
-        _flip_init(init, j, squeezed)
-        _flip_finalize(finalize, j, squeezed)
+        _flip_update(update, j, add, dot)
+        _flip_init(init, j)
+        _flip_finalize(finalize, j)
     for i in laid:
-        _lay_input(update, spec.n_state + i, squeezed)
+        _lay_input(update, spec.n_state + i)
     return to_diagram(init), to_diagram(update), to_diagram(finalize), tuple(found), laid
 
 
@@ -80,19 +79,19 @@ def _matrix(names, squeezed) -> tuple:
     return tuple(n for n in names if n not in squeezed)
 
 
-def _read_transposed(g: nx.DiGraph, k: int, squeezed) -> bool:
+def _read_transposed(g: nx.DiGraph, k: int) -> bool:
     """Whether the update's input ``k``, a matrix, is read only by matrix products that
     take it transposed: its summed axis first where it gives the rows, last where it gives
     the columns (napkin.lower.emit writes ``lax.dot_general``, and Triton transposes such an
     operand where the product is: in the loop, every step, from registers)."""
     v = g.graph["inputs"][k]
-    names = _matrix(g.nodes[v]["ob"].type.names, squeezed)
+    names = g.nodes[v]["ob"].type.names
     readers = list(g.successors(v))
     if len(names) != 2 or not readers:
         return False
     for r in readers:
         box = g.nodes[r]["box"]
-        if not _tensor_core(box, squeezed) or g.nodes[r]["ins"].count(v) != 1:
+        if not _tensor_core(box) or g.nodes[r]["ins"].count(v) != 1:
             return False
         summed = matmul_axes(box.ins, box.outs)[3]
         rows = (g.nodes[r]["ins"].index(v) == 1) == rows_from_second(box.ins, box.outs)
@@ -101,7 +100,7 @@ def _read_transposed(g: nx.DiGraph, k: int, squeezed) -> bool:
     return True
 
 
-def _tensor_core(box, squeezed) -> bool:
+def _tensor_core(box, squeezed=frozenset()) -> bool:
     """Whether ``box`` is a matrix product a kernel gives the tensor cores: no batch axis
     (one in both operands and the output) but the ``squeezed`` and those of size 1."""
     if box.spec.kind != "contract" or len(box.ins) != 2 or \
@@ -113,32 +112,28 @@ def _tensor_core(box, squeezed) -> bool:
                if x.name in out and b.has(x.name))
 
 
-def _lay_input(g: nx.DiGraph, k: int, squeezed) -> None:
+def _lay_input(g: nx.DiGraph, k: int) -> None:
     v = g.graph["inputs"][k]
-    _retyped(g, v, squeezed)
+    _retyped(g, v)
     for r in g.successors(v):
         _rebuilt(g, r, g.nodes[r]["box"].spec)
 
 
-def _reversed_names(names, squeezed) -> tuple:
-    """``names`` with the matrix axes (all but ``squeezed``) in reverse order, in place."""
-    rest = iter(reversed(_matrix(names, squeezed)))
-    return tuple(n if n in squeezed else next(rest) for n in names)
-
-
-def _reversed(t: ArrayType, squeezed) -> ArrayType:
-    order = _reversed_names(t.names, squeezed)
-    return ArrayType(tuple(t.axis(n) for n in order), t.dtype)
+def _reversed(t: ArrayType) -> ArrayType:
+    return ArrayType(tuple(reversed(t.axes)), t.dtype)
 
 
 def _producer(g: nx.DiGraph, v):
     return next(iter(g.predecessors(v)), None)
 
 
-def _accumulation(update, init, spec, j: int, squeezed):
+def _accumulation(update, init, spec, j: int, squeezed=frozenset()):
     """(add, product) — the update's op nodes of ``s + A·B`` — where state ``j`` is a matrix
     updated only so, started from a fill, and the product's row operand is computed in the
-    step and read transposed; None otherwise."""
+    step and read transposed; None otherwise.  ``squeezed``: axes the kernel drops (a grid
+    axis at a tile of 1, napkin.lower.plan), not counted as the matrix's (the schedule,
+    built before tiles have values, asks with its group tiles' batch axes: what the kernel
+    written at a tile of 1 sees)."""
     t = array_types(spec.init.cod)[j]
     s_in, s_out = update.graph["inputs"][j], update.graph["outputs"][j]
     if len(_matrix(t.names, squeezed)) != 2 or update.graph["outputs"].count(s_out) != 1:
@@ -173,9 +168,9 @@ def _accumulation(update, init, spec, j: int, squeezed):
     return add, dot
 
 
-def _retyped(g: nx.DiGraph, v, squeezed) -> None:
+def _retyped(g: nx.DiGraph, v) -> None:
     ob = g.nodes[v]["ob"]
-    g.nodes[v]["ob"] = ArrayOb(ob.name, _reversed(ob.type, squeezed))
+    g.nodes[v]["ob"] = ArrayOb(ob.name, _reversed(ob.type))
 
 
 def _rebuilt(g: nx.DiGraph, n, spec) -> None:
@@ -189,25 +184,25 @@ def _rebuilt(g: nx.DiGraph, n, spec) -> None:
         g.nodes[v]["ob"] = ob
 
 
-def _flip_update(g: nx.DiGraph, j: int, add, dot, squeezed) -> None:
+def _flip_update(g: nx.DiGraph, j: int, add, dot) -> None:
     out = g.nodes[dot]["box"].spec.out
-    _retyped(g, g.graph["inputs"][j], squeezed)
-    _rebuilt(g, dot, Contract(_reversed_names(out, squeezed)))
+    _retyped(g, g.graph["inputs"][j])
+    _rebuilt(g, dot, Contract(tuple(reversed(out))))
     _rebuilt(g, add, g.nodes[add]["box"].spec)
 
 
-def _flip_init(g: nx.DiGraph, j: int, squeezed) -> None:
+def _flip_init(g: nx.DiGraph, j: int) -> None:
     fill = _producer(g, g.graph["outputs"][j])
     spec = g.nodes[fill]["box"].spec
-    _rebuilt(g, fill, type(spec)(spec.value, _reversed(spec.type, squeezed)))
+    _rebuilt(g, fill, type(spec)(spec.value, _reversed(spec.type)))
 
 
-def _flip_finalize(g: nx.DiGraph, j: int, squeezed) -> None:
+def _flip_finalize(g: nx.DiGraph, j: int) -> None:
     """The state read transposed, turned back by one transpose before anything reads it."""
     s = g.graph["inputs"][j]
     want = g.nodes[s]["ob"]
     readers = list(g.successors(s))
-    _retyped(g, s, squeezed)
+    _retyped(g, s)
     box = make_op(Contract(want.type.names), ty((g.nodes[s]["ob"],)), out_names=[want.name],
                   name="transpose")
     (back,) = add_op(g, box, [s])
