@@ -242,6 +242,33 @@ def test_a_stack_of_layers_reaches_a_program_that_fits():
     assert 0 <= r.first_fit_s <= r.best.found_s <= r.seconds
 
 
+def test_a_defect_of_the_cost_model_is_raised_not_taken_for_a_refusal(monkeypatch):
+    """An exception other than NapkinError while a program is costed is the cost model's
+    defect: under NAPKIN_STRICT (the suite sets it) the search raises it — an AttributeError
+    in the schedule once silently changed every program chosen; a user's search still takes
+    it as that program's refusal.  A grid of too many tiles is a refusal in words
+    (CostError), not numpy's MemoryError (two candidates for each of 38 tiles: 2 TiB)."""
+    import napkin.search.engine as engine
+    from napkin.cost import cost
+    from napkin.cost import grid as grids
+    from napkin.cost.model import CostError
+    from test_cost import MATMUL, program
+
+    def broken(*args, **kwargs):
+        raise AttributeError("a defect of the cost model")
+    sizes = dict(a=256, b=256, c=256)
+    assert engine.STRICT
+    monkeypatch.setattr(engine, "cost", broken)
+    with pytest.raises(AttributeError, match="a defect of the cost model"):
+        search(get("matmul").diagram(), "h100", sizes, "bf16", max_states=5)
+    monkeypatch.setattr(engine, "STRICT", False)
+    with pytest.raises(NapkinError):  # every program refused: said so, in one line
+        search(get("matmul").diagram(), "h100", sizes, "bf16", max_states=5)
+    monkeypatch.setattr(grids, "TOO_MANY", 1)
+    with pytest.raises(CostError, match=r"tiles make \d+ tilings even at two candidates"):
+        grids.Grid(cost(program("matmul", MATMUL), get_hardware(H100), "bf16"), sizes)
+
+
 @pytest.mark.parametrize("name,sizes", [
     ("attention", dict(q=2048, x=2048, d=64)),
     ("rmsnorm_matmul", dict(n=1024, d=1024, e=1024)),

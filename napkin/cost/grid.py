@@ -57,6 +57,9 @@ def reference_bytes(c: Cost) -> int:
 # candidates lose every other one (their least and their largest kept): every point left is
 # still priced exactly, the optimum is found among fewer tilings.
 POINTS = 1 << 22
+# Where even two candidates a tile leave more points than this (8 bytes a point, an array
+# each), the grid is not made: a program of that many tiles is refused, not priced
+TOO_MANY = 16 * POINTS
 
 
 def _thinned(cands: dict) -> dict:
@@ -109,6 +112,10 @@ class Grid:
         # a few tiles is worked out on their candidates and broadcast (a program of twenty
         # kernels over ten tiles has millions of points)
         self.shape = tuple(len(self.cands[t.name]) for t in free) or (1,)
+        if math.prod(self.shape) > TOO_MANY:  # (thinned to two candidates a tile, still)
+            raise CostError(f"{len(free)} tiles make {math.prod(self.shape):,} tilings even "
+                            f"at two candidates a tile (at most {TOO_MANY:,} are priced "
+                            f"at once)")
         self.axis_of = {t: np.asarray(self.cands[t.name], dtype=float).reshape(
             [-1 if k == j else 1 for k in range(len(free))]) for j, t in enumerate(free)}
         self.n = math.prod(self.shape)
