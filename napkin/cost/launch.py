@@ -48,7 +48,7 @@ from napkin.cost.model import combined, compute_times, evaluate_on, fold, value_
 from napkin.core.memo import IdentityMemo
 from napkin.hardware import SETMAXNREG
 from napkin.schedule.nest import Loop, Move
-from napkin.schedule.resources import block_level
+from napkin.schedule.resources import at_stages, block_level
 
 REGISTER_OVERHEAD = 32  # [EST] registers a thread spends on indices, addresses and loop state
 THREADS_PER_WARP = 32
@@ -204,9 +204,9 @@ class Launches:
         piped = 0.0 if hw.producer_warps else ev(k.pipelined)
         stages = np.zeros(n)
         for s in range(1, hw.pipeline_stages + 1):
-            stages = np.where((smem1 + (s - 1) * stage + (s >= 2) * piped <= limit)
+            stages = np.where((at_stages(smem1, stage, piped, s) <= limit)
                               & ((s == 1) | (steps > 1)), s, stages)
-        smem = smem1 + (np.maximum(stages, 1) - 1) * stage + np.where(stages >= 2, piped, 0)
+        smem = at_stages(smem1, stage, piped, np.maximum(stages, 1))
         fits = stages >= 1
         # the reason is words for one point (a grid's worth of strings would cost seconds)
         why = "" if n != 1 or fits[0] else \
@@ -271,7 +271,7 @@ class Launches:
             per_step = useful * np.maximum(waves * steps, 1)
             memory = np.max(np.stack(parts), axis=0) if parts else np.zeros(n)
             stages, exposed = _depth(hw, stages, roof / per_step, memory / per_step)
-            smem = smem1 + (np.maximum(stages, 1) - 1) * stage  # pipeline hides its loads
+            smem = at_stages(smem1, stage, piped, np.maximum(stages, 1))  # pipeline hides loads
             # a pipeline too shallow stalls every step: the steps run slower than the roof
             roof = roof + useful * waves * steps * exposed
         time = ev(k.launches) * (hw.launch_s + np.maximum(roof / useful, latency))

@@ -61,14 +61,21 @@ class KernelResources:
     # ``ev``: an expression's value (a number, or numpy arrays over a grid of tile points)
     def smem_bytes(self, ev, stages=1):
         """Shared memory per block with ``stages`` chunk buffers per stream."""
-        return functools.reduce(np.maximum, (ev(b) for b in self.smem)) + \
-            (stages - 1) * ev(self.stage) + np.where(np.asarray(stages) >= 2,
-                                                     ev(self.pipelined), 0)
+        return at_stages(functools.reduce(np.maximum, (ev(b) for b in self.smem)),
+                         ev(self.stage), ev(self.pipelined), stages)
 
     def registers_per_thread(self, ev, warps):
         """Registers of data per thread at ``warps`` warps: the held values, one 4-byte
         register each (a kernel computes them in f32)."""
         return functools.reduce(np.maximum, (ev(v) for v in self.registers)) / (32 * warps)
+
+
+def at_stages(one, stage, pipelined, stages):
+    """Shared memory at ``stages`` pipeline stages (a number or arrays) from its parts: the
+    bytes at one stage, each further stage's chunks, and what a pipeline of two or more
+    copies ahead once (``KernelResources.pipelined``)."""
+    return one + (np.asarray(stages) - 1) * stage + np.where(np.asarray(stages) >= 2,
+                                                             pipelined, 0)
 
 
 def kernels(schedule: Schedule) -> list[KernelResources]:
