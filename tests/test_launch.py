@@ -149,6 +149,32 @@ def test_a_computed_operand_takes_shared_memory_where_triton_stores_it(
     assert compiled.shared == want, label
 
 
+def test_a_chunk_scaled_by_a_product_that_sums_nothing_still_takes_a_pipeline_buffer():
+    """Linear cross-entropy's dX streams the vocabulary: Y's chunk is scaled by −dloss (a
+    contraction that sums no axis) on its way into the product, and Triton's pipeliner
+    copies it to shared memory as it copies any chunk read elementwise.  The walk to the
+    product took only elementwise boxes as elementwise: the model counted 49,152 B, Triton
+    allocated 57,344 (`cpu_proofs.py --backward`)."""
+    from napkin.pipeline import optimize
+    opt = optimize("linear_cross_entropy", "h100", None, "bf16")
+    (o,) = [o for w, o in opt.backward.pieces if w == ("X",)]
+    streams = [lp for k in o.cost.kernels for lp, _ in k.loop.walk()
+               if getattr(lp, "kind", None) == "stream" and lp.axis == "v"]
+    env = {**o.sizes, **{str(t): v for t, v in o.tiles.items()}}
+    chunk = 2 * env["g_n"] * env["s_v"]  # Y's chunk, bf16
+    assert [value_at(lp.pipelined, env) for lp in streams] == [chunk]
+    model = o.search.best.tiles.launch[0]
+    assert model["num_stages"] == 2 and model["smem_bytes"] == 57344
+    pytest.importorskip("triton")
+    from napkin.lower import ptx
+    try:
+        ptx.check_pair(*ptx.versions())
+    except NapkinError as why:
+        pytest.skip(str(why))
+    shapes = [tuple(o.sizes[a.name] for a in ob.type.axes) for ob in o.algorithm.dom.inside]
+    assert ptx.compile_ptx(o.kernel(), shapes, check_shared=False)[0].shared == 57344
+
+
 def test_matmul_shared_memory_and_warps():
     k, _ = launch_at("matmul", MATMUL, dict(a=4096, b=4096, c=4096),
                      dict(g_a=128, g_c=256, s_b=128))

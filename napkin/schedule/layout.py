@@ -218,7 +218,7 @@ def batch_axes(g: nx.DiGraph) -> set:
         box = g.nodes[n].get("box")
         if box is not None and box.spec.kind == "contract" and len(box.ins) == 2:
             a, b = box.ins
-            out |= {n for n in a.names if b.has(n) and any(n in t.names for t in box.outs)}
+            out |= {x for x in a.names if b.has(x) and any(x in t.names for t in box.outs)}
     return out
 
 
